@@ -1,0 +1,204 @@
+"""Callbacks that set the optimizer's learning rate and momentum from the clock at every step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kfit import _backend
+from kfit.callbacks._base import KfitCallback
+from kfit.clock import Clock
+
+
+def _as_hyperparameter_schedule(schedule: Any, kind: str, default_factory: Any, argument: str) -> Any:
+    from kfit import schedules
+
+    if isinstance(schedule, schedules.HyperparameterSchedule):
+        if schedule.kind != kind:
+            raise ValueError(
+                f"Invalid value for argument `{argument}`: expected a {kind} schedule (e.g. "
+                f"kfit.schedules.{default_factory.__name__}(...)). Received a {schedule.kind} schedule: {schedule!r}"
+            )
+        return schedule
+    # A bare value, list or callable keeps the plain Keras meaning (per minibatch).
+    return default_factory(schedule)
+
+
+class _HyperparameterSchedule(KfitCallback):
+    """Sets one optimizer hyperparameter before every step from a schedule and the minibatch size."""
+
+    kind = ""
+    log_key = ""
+
+    def __init__(self, schedule: Any, name: str | None = None, verbose: int = 0):
+        super().__init__(name=name)
+        self.schedule = self._coerce(schedule, "schedule")
+        self.verbose = verbose
+        # Resets: (samples, minibatches, schedule) from which a new schedule holds, relative to its start.
+        self._resets: list[tuple[int, int, Any]] = []
+        self._variable = None
+        self._applied: float | None = None
+
+    def _coerce(self, schedule: Any, argument: str) -> Any:
+        raise NotImplementedError
+
+    def _target_variable(self, optimizer: Any) -> Any:
+        raise NotImplementedError
+
+    def active_schedule(self, samples: int) -> tuple[Any, int, int]:
+        """The schedule in force at ``samples`` and the clock reading it counts from."""
+        schedule, start_samples, start_minibatches = self.schedule, 0, 0
+        for at_samples, at_minibatches, reset in self._resets:
+            if samples >= at_samples:
+                schedule, start_samples, start_minibatches = reset, at_samples, at_minibatches
+        return schedule, start_samples, start_minibatches
+
+    def value(self, samples: int | None = None, minibatches: int | None = None) -> float:
+        """The scheduled value in the schedule's own unit (per-sample rate, time constant, ...)."""
+        clock = self.clock
+        samples = clock.samples if samples is None else samples
+        minibatches = clock.minibatches if minibatches is None else minibatches
+        schedule, s0, m0 = self.active_schedule(samples)
+        return schedule.value(samples - s0, minibatches - m0)
+
+    def for_minibatch(self, clock: Clock) -> float:
+        schedule, s0, m0 = self.active_schedule(clock.samples)
+        return float(schedule.for_minibatch(clock.samples - s0, clock.minibatches - m0, clock.minibatch_size))
+
+    def reset(self, values: Any) -> None:
+        """Replaces the schedule from the current clock reading on (the new schedule counts from here)."""
+        schedule = self._coerce(values, "values")
+        if schedule.kind != self.schedule.kind:
+            raise ValueError(f"Invalid value for argument `values`: expected a {self.schedule.kind} schedule. Received: {schedule!r}")
+        clock = self.clock
+        self._resets = [r for r in self._resets if r[0] < clock.samples]
+        self._resets.append((clock.samples, clock.minibatches, schedule))
+        self._applied = None  # apply at the next step even if the value happens to be equal
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        optimizer = getattr(self._model, "optimizer", None)
+        if optimizer is None:
+            raise ValueError(f"{type(self).__name__} needs a compiled model with an optimizer.")
+        self._variable = self._target_variable(optimizer)
+        self._applied = None
+
+    def on_step_begin(self, clock: Clock) -> None:
+        if clock.minibatch_size is None:
+            raise RuntimeError(f"{type(self).__name__}: the clock does not know the size of the next minibatch.")
+        value = self.for_minibatch(clock)
+        if value != self._applied:
+            _backend.set_variable(self._model, self._variable, value)
+            self._applied = value
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is not None and self._applied is not None:
+            logs[self.log_key] = self._applied
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "resets": [
+                {"samples": s, "minibatches": m, "schedule": schedule.get_config()} for s, m, schedule in self._resets
+            ]
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        from kfit import schedules
+
+        self._resets = [
+            (int(r["samples"]), int(r["minibatches"]), schedules.from_config(r["schedule"])) for r in state.get("resets", [])
+        ]
+        self._applied = None
+
+
+class LearningRateSchedule(_HyperparameterSchedule):
+    """Sets the optimizer's learning rate before every step from a schedule of the sample clock.
+
+    The schedule's unit decides what the optimizer gets for a minibatch of ``B`` samples:
+    ``kfit.schedules.learning_rate_per_sample(lr_s)`` gives ``lr_s * B``;
+    ``learning_rate_per_minibatch(lr, reference_minibatch_size=B_ref)`` gives ``lr * B / B_ref``; a plain
+    value, list or callable is a per-minibatch rate used as is. The applied rate is logged as ``lr``.
+
+    Like CNTK's learner, it can read and reset the rate while training runs (e.g. from a
+    cross-validation callback): :meth:`learning_rate` and :meth:`reset_learning_rate`.
+
+    Args:
+        schedule: a learning-rate schedule (see :mod:`kfit.schedules`).
+        name: the key of this callback's state in checkpoints.
+
+    Example:
+        >>> import kfit
+        >>> lr = kfit.callbacks.LearningRateSchedule(
+        ...     kfit.schedules.learning_rate_per_sample([0.001] * 2 + [0.0005], epoch_size=1000))
+        >>> # kfit.fit(model, x, y, minibatch_size=64, callbacks=[lr])
+    """
+
+    default_name = "learning_rate_schedule"
+    kind = "learning_rate"
+    log_key = "lr"
+
+    def _coerce(self, schedule: Any, argument: str) -> Any:
+        from kfit import schedules
+
+        return _as_hyperparameter_schedule(schedule, "learning_rate", schedules.learning_rate_per_minibatch, argument)
+
+    def _target_variable(self, optimizer: Any) -> Any:
+        from kfit.optimizers import hyperparameter_variable
+
+        return hyperparameter_variable(optimizer, "learning_rate")
+
+    def learning_rate(self) -> float:
+        """The learning rate in force now, in the schedule's unit (per sample for a per-sample schedule)."""
+        return self.value()
+
+    def reset_learning_rate(self, values: Any) -> None:
+        """Sets a new learning-rate schedule from now on (CNTK's ``learner.reset_learning_rate``).
+
+        Args:
+            values: a learning-rate schedule, or a value/list in the unit of the current schedule.
+        """
+        from kfit import schedules
+
+        if not isinstance(values, schedules.HyperparameterSchedule):
+            values = self.schedule.with_schedule(values)
+        self.reset(values)
+
+
+class MomentumSchedule(_HyperparameterSchedule):
+    """Sets the optimizer's momentum before every step from a schedule of the sample clock.
+
+    ``kfit.schedules.momentum_as_time_constant(tau)`` gives ``exp(-B / tau)`` for a minibatch of ``B``
+    samples, ``momentum_per_sample(m_s)`` gives ``m_s ** B``; a plain value is per minibatch. The target
+    is ``momentum`` of :class:`kfit.optimizers.MomentumSGD` or ``beta_1`` of :class:`kfit.optimizers.Adam`;
+    Keras's own SGD and Adam keep these as Python floats compiled into the step and are refused.
+    The applied value is logged as ``momentum``.
+
+    Example:
+        >>> import kfit
+        >>> mom = kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant([0] * 5 + [1024], epoch_size=1000))
+    """
+
+    default_name = "momentum_schedule"
+    kind = "momentum"
+    log_key = "momentum"
+
+    def _coerce(self, schedule: Any, argument: str) -> Any:
+        from kfit import schedules
+
+        return _as_hyperparameter_schedule(schedule, "momentum", schedules.momentum_per_minibatch, argument)
+
+    def _target_variable(self, optimizer: Any) -> Any:
+        from kfit.optimizers import hyperparameter_variable
+
+        name = "beta_1" if hasattr(optimizer, "beta_1") and not hasattr(optimizer, "momentum") else "momentum"
+        return hyperparameter_variable(optimizer, name)
+
+    def momentum(self) -> float:
+        """The momentum in force now, in the schedule's unit."""
+        return self.value()
+
+    def reset_momentum(self, values: Any) -> None:
+        """Sets a new momentum schedule from now on."""
+        from kfit import schedules
+
+        if not isinstance(values, schedules.HyperparameterSchedule):
+            values = self.schedule.with_schedule(values)
+        self.reset(values)

@@ -1,0 +1,111 @@
+"""The sample clock under plain ``model.fit``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kfit import _backend
+from kfit.callbacks._base import KfitCallback
+from kfit.clock import Clock, attach_clock, get_clock
+
+
+def apply_minibatch_size(model: Any, size: int, previous: int | None) -> None:
+    """Tells an optimizer that keeps a ``minibatch_size`` variable (kfit's MomentumSGD) the new size."""
+    if size == previous:
+        return
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return
+    from kfit.optimizers import minibatch_size_variable
+
+    variable = minibatch_size_variable(optimizer)
+    if variable is not None:
+        _backend.set_variable(model, variable, float(size))
+
+
+class _FitDriver:
+    """Sets the minibatch size before each step and counts it after, once per step, whichever kfit
+    callback reaches the hook first (so the order of the callbacks does not matter)."""
+
+    def __init__(self, model: Any, batch_size: int, num_samples: int | None):
+        self.model = model
+        self.batch_size = batch_size
+        self.num_samples = num_samples
+        self.pending: int | None = None
+        self.applied: int | None = None
+
+    def batch_begin(self, clock: Clock) -> None:
+        if self.pending is not None:
+            return
+        size = self.batch_size
+        if self.num_samples is not None and clock.epoch_size:
+            size = min(size, clock.epoch_end() - clock.samples)
+        clock.minibatch_size = size
+        apply_minibatch_size(self.model, size, self.applied)
+        self.applied = size
+        self.pending = size
+
+    def batch_end(self, clock: Clock) -> None:
+        if self.pending is None:
+            return
+        clock.advance(self.pending)
+        self.pending = None
+
+
+class SampleClock(KfitCallback):
+    """Keeps kfit's sample clock under plain ``model.fit``.
+
+    ``model.fit`` does not tell its callbacks how many samples a step consumes; this callback does.
+    Add it to ``model.fit``'s callbacks with the ``batch_size`` you give ``model.fit``, and with
+    ``num_samples=len(x)`` so that the last, smaller minibatch of each epoch is counted exactly. Under
+    :func:`kfit.fit` it is not needed (the clock is kept by the training loop).
+
+    Args:
+        batch_size: the ``batch_size`` given to ``model.fit``.
+        num_samples: the number of training samples (after ``validation_split``). Without it every step
+            is counted as ``batch_size`` samples, and an epoch as ``steps * batch_size``.
+
+    Example:
+        >>> import kfit
+        >>> clock = kfit.callbacks.SampleClock(batch_size=32, num_samples=1000)
+        >>> # model.fit(x, y, batch_size=32, callbacks=[clock, kfit.callbacks.LearningRateSchedule(...)])
+    """
+
+    default_name = "sample_clock"
+
+    def __init__(self, batch_size: int, num_samples: int | None = None):
+        super().__init__()
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"Invalid value for argument `batch_size`: expected a positive integer. Received: batch_size={batch_size!r}")
+        if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1):
+            raise ValueError(f"Invalid value for argument `num_samples`: expected a positive integer or None. Received: num_samples={num_samples!r}")
+        self.batch_size = batch_size
+        self.num_samples = num_samples
+
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        clock = get_clock(model)
+        if clock is None:
+            clock = attach_clock(model, Clock())
+        clock.driver = _FitDriver(model, self.batch_size, self.num_samples)
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        clock = self.clock
+        steps = (self.params or {}).get("steps")
+        if self.num_samples is not None:
+            expected = math.ceil(self.num_samples / self.batch_size)
+            if steps is not None and steps != expected:
+                raise ValueError(
+                    f"SampleClock(batch_size={self.batch_size}, num_samples={self.num_samples}) expects "
+                    f"{expected} steps per epoch, but model.fit runs {steps}. Pass the batch_size and the "
+                    "number of training samples that model.fit uses (after validation_split)."
+                )
+            clock.epoch_size = self.num_samples
+        elif steps:
+            clock.epoch_size = steps * self.batch_size
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        clock = get_clock(self._model)
+        if clock is not None:
+            clock.driver = None

@@ -1,0 +1,6 @@
+"""Training data as a seekable stream of samples."""
+
+from kfit.data._prefetch import Prefetcher
+from kfit.data._stream import SampleStream, share
+
+__all__ = ["Prefetcher", "SampleStream", "share"]

@@ -1,0 +1,90 @@
+"""Read the next minibatches ahead of the training step, on a background thread.
+
+The minibatch at each clock reading is a pure function of the clock (see ``kfit.training._plan``), so
+the reader can walk the plan ahead of the trainer. If the trainer asks for a position the reader did
+not predict (a restore, a seek), the queue is dropped and reading restarts there.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_STOP = object()
+
+
+class Prefetcher:
+    """Reads ``read(start, size)`` for each ``(start, size)`` of ``plan`` ahead of :meth:`get`.
+
+    Args:
+        read: reads the minibatch at ``(start, size)``; returns a host batch.
+        plan: an iterator of ``(start, size)`` pairs, the minibatches the trainer will ask for in order.
+        depth: how many minibatches to hold ready (0 reads synchronously).
+    """
+
+    def __init__(self, read: Callable[[int, int], Any], plan: Iterator[tuple[int, int]], depth: int = 2):
+        if not isinstance(depth, int) or depth < 0:
+            raise ValueError(f"Invalid value for argument `prefetch`: expected a non-negative integer. Received: prefetch={depth!r}")
+        self._read = read
+        self._plan = plan
+        self._depth = depth
+        self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if depth > 0:
+            self._thread = threading.Thread(target=self._run, name="kfit-prefetch", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for start, size in self._plan:
+                if self._stop.is_set():
+                    return
+                item = (start, size, self._read(start, size))
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as error:  # surfaced to the trainer by get()
+            self._put_final(error)
+            return
+        self._put_final(_STOP)
+
+    def _put_final(self, item: Any) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put((None, None, item), timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def get(self, start: int, size: int) -> Any:
+        """The minibatch at ``(start, size)``: from the queue when it was predicted, else read now."""
+        if self._thread is None:
+            return self._read(start, size)
+        got_start, got_size, item = self._queue.get()
+        if got_start is None:
+            if isinstance(item, BaseException):
+                raise item
+            return self._read(start, size)
+        if (got_start, got_size) != (start, size):
+            # The plan and the trainer disagree: never train on a batch that was not asked for.
+            self.close()
+            return self._read(start, size)
+        return item
+
+    def close(self) -> None:
+        """Stops the reader thread and drops what it read ahead."""
+        self._stop.set()
+        if self._thread is not None:
+            while True:
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            self._thread.join(timeout=5)
+            self._thread = None

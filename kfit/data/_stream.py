@@ -1,0 +1,240 @@
+"""Training data as an endless, seekable stream of samples.
+
+Arrays (NumPy, h5py datasets, anything with ``__len__`` and NumPy-style indexing) and nested dicts,
+lists and tuples of them are read sweep after sweep; each sweep is shuffled by ``(seed, sweep)``.
+A minibatch is a range of stream positions ``[start, start + size)`` and may span two sweeps. The
+position is a pure function of the sample clock: reading the minibatch at position ``S`` needs nothing
+that came before it, so resuming at ``S`` seeks in constant time.
+
+Under data-parallel training each of ``num_workers`` workers reads its own contiguous share of every
+global minibatch: worker ``r`` of ``n`` takes ``size // n`` positions (the first ``size % n`` workers
+one more), so each sweep's samples are seen exactly once over all workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+try:  # h5py is a dependency, but the stream works without it for plain arrays.
+    import h5py
+except ImportError:  # pragma: no cover
+    h5py = None
+
+ARGUMENT_NAMES = ("x", "y", "sample_weight")
+
+
+def flatten(structure: Any) -> list:
+    """Leaves of a nested dict/list/tuple structure, dict keys in sorted order; None is a leaf."""
+    if isinstance(structure, Mapping):
+        return [leaf for key in sorted(structure) for leaf in flatten(structure[key])]
+    if isinstance(structure, (list, tuple)):
+        return [leaf for item in structure for leaf in flatten(item)]
+    return [structure]
+
+
+def pack(structure: Any, leaves: list) -> Any:
+    """Inverse of :func:`flatten`: rebuilds ``structure`` with ``leaves`` in place of its leaves."""
+    it = iter(leaves)
+
+    def build(node: Any) -> Any:
+        if isinstance(node, Mapping):
+            return {key: build(node[key]) for key in sorted(node)}
+        if isinstance(node, (list, tuple)):
+            return type(node)(build(item) for item in node)
+        return next(it)
+
+    return build(structure)
+
+
+def is_h5py_dataset(a: Any) -> bool:
+    return h5py is not None and isinstance(a, h5py.Dataset)
+
+
+def _is_array_like(a: Any) -> bool:
+    return hasattr(a, "__len__") and hasattr(a, "shape") and hasattr(a, "__getitem__")
+
+
+def take(source: Any, indices: np.ndarray) -> np.ndarray:
+    """Rows ``indices`` of ``source``; h5py datasets are read by increasing unique index, never whole."""
+    if is_h5py_dataset(source):
+        if len(indices) and np.all(np.diff(indices) == 1):
+            return source[int(indices[0]) : int(indices[-1]) + 1]
+        unique, inverse = np.unique(indices, return_inverse=True)
+        return source[unique][inverse]
+    if isinstance(source, np.ndarray):
+        return source[indices]
+    return np.asarray(source[indices])
+
+
+def share(start: int, size: int, rank: int, num_workers: int) -> tuple[int, int]:
+    """The positions ``[lo, hi)`` of worker ``rank``'s share of the global minibatch ``[start, start+size)``."""
+    base, extra = divmod(size, num_workers)
+    lo = start + rank * base + min(rank, extra)
+    hi = lo + base + (1 if rank < extra else 0)
+    return lo, hi
+
+
+class SampleStream:
+    """An endless, shuffled, seekable stream over array-like training data.
+
+    Args:
+        x: inputs: an array, an h5py dataset, or a dict/list/tuple of them.
+        y: targets, same forms, or None.
+        sample_weight: per-sample weights, or None.
+        shuffle: shuffle each sweep (by ``(seed, sweep)``); False reads in order.
+        seed: the stream's seed.
+        rank: this worker's index under data-parallel training.
+        num_workers: number of workers sharing each global minibatch.
+
+    Raises:
+        ValueError: empty data, leaves of different lengths (naming the arguments and the lengths),
+            or data that cannot be indexed by sample.
+
+    Example:
+        >>> stream = SampleStream(np.arange(10), np.arange(10) * 2, shuffle=False)
+        >>> x, y, sw = stream.read(8, 4)    # spans the end of sweep 0 and the start of sweep 1
+        >>> x.tolist(), y.tolist(), sw
+        ([8, 9, 0, 1], [16, 18, 0, 2], None)
+    """
+
+    def __init__(
+        self,
+        x: Any,
+        y: Any = None,
+        sample_weight: Any = None,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        num_workers: int = 1,
+    ):
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"Invalid value for argument `seed`: expected a non-negative integer. Received: seed={seed!r}")
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"Invalid value for argument `num_workers`: expected a positive integer. Received: num_workers={num_workers!r}")
+        if not isinstance(rank, int) or not 0 <= rank < num_workers:
+            raise ValueError(f"Invalid value for argument `rank`: expected 0 <= rank < {num_workers}. Received: rank={rank!r}")
+        self.structure = (x, y, sample_weight)
+        self.leaves = flatten(self.structure)
+        lengths: dict[str, int] = {}
+        for name, part in zip(ARGUMENT_NAMES, self.structure):
+            for leaf in flatten(part):
+                if leaf is None:
+                    continue
+                if not _is_array_like(leaf):
+                    raise ValueError(
+                        f"Invalid value for argument `{name}`: kfit reads training data by sample and needs arrays "
+                        f"(NumPy arrays, h5py datasets) or dicts/lists/tuples of them. Received: {type(leaf).__name__}"
+                    )
+                lengths.setdefault(name, len(leaf))
+                if len(leaf) != lengths[name]:
+                    raise ValueError(
+                        f"Invalid value for argument `{name}`: its arrays have different lengths "
+                        f"({lengths[name]} and {len(leaf)}). Every array must hold one row per sample."
+                    )
+        if "x" not in lengths:
+            raise ValueError("Invalid value for argument `x`: no training data was given. Received: x=None")
+        if len(set(lengths.values())) > 1:
+            detail = ", ".join(f"{k}: {v}" for k, v in lengths.items())
+            raise ValueError(f"Arguments `x`, `y` and `sample_weight` must have the same number of samples. Received lengths {detail}.")
+        self.num_samples = lengths["x"]
+        if self.num_samples == 0:
+            raise ValueError("Invalid value for argument `x`: the training data is empty (0 samples).")
+        self.has_h5py = any(is_h5py_dataset(leaf) for leaf in self.leaves)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.rank = rank
+        self.num_workers = num_workers
+        self.position = 0
+        self._order_cache: tuple[int, np.ndarray] | None = None
+
+    def order(self, sweep: int) -> np.ndarray:
+        """The sample order of ``sweep`` (a permutation when shuffling)."""
+        if not self.shuffle:
+            return np.arange(self.num_samples)
+        if self._order_cache is None or self._order_cache[0] != sweep:
+            rng = np.random.default_rng([self.seed, sweep])
+            self._order_cache = (sweep, rng.permutation(self.num_samples))
+        return self._order_cache[1]
+
+    def indices(self, start: int, stop: int) -> np.ndarray:
+        """Sample indices at stream positions ``[start, stop)``."""
+        n = self.num_samples
+        parts = []
+        position = start
+        while position < stop:
+            sweep, offset = divmod(position, n)
+            take_here = min(stop - position, n - offset)
+            order = self.order(sweep) if self.shuffle else None
+            if order is None:
+                parts.append(np.arange(offset, offset + take_here))
+            else:
+                parts.append(order[offset : offset + take_here])
+            position += take_here
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def check_minibatch_size(self, size: int) -> None:
+        """Refuses a global minibatch that the data or the workers cannot serve."""
+        if size < self.num_workers:
+            raise ValueError(
+                f"Invalid minibatch size {size}: with {self.num_workers} workers every global minibatch must "
+                f"hold at least {self.num_workers} samples."
+            )
+        if self.has_h5py and size > self.num_samples:
+            raise ValueError(
+                f"Invalid minibatch size {size}: the h5py dataset holds only {self.num_samples} samples, so a "
+                f"minibatch would read samples twice. Use a minibatch size <= {self.num_samples}."
+            )
+
+    def read(self, start: int, size: int) -> tuple:
+        """This worker's share of the global minibatch at positions ``[start, start + size)``.
+
+        Returns:
+            ``(x, y, sample_weight)`` with the structure of the data given to the constructor.
+        """
+        self.check_minibatch_size(size)
+        lo, hi = share(start, size, self.rank, self.num_workers)
+        idx = self.indices(lo, hi)
+        leaves = [None if leaf is None else take(leaf, idx) for leaf in self.leaves]
+        return pack(self.structure, leaves)
+
+    def get_state(self) -> dict[str, Any]:
+        """The stream's position and seed (plain data).
+
+        ``position`` is the global sample position of the next minibatch; the trainer keeps it equal to
+        the clock's sample count.
+        """
+        return {"position": int(self.position), "seed": self.seed, "shuffle": self.shuffle, "num_samples": self.num_samples}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Seeks to a saved position. Refuses a state saved for other data."""
+        if int(state.get("num_samples", self.num_samples)) != self.num_samples:
+            raise ValueError(
+                f"The saved stream state is for {state['num_samples']} samples, but the training data holds "
+                f"{self.num_samples}. Resume with the same training data."
+            )
+        self.seed = int(state.get("seed", self.seed))
+        self.shuffle = bool(state.get("shuffle", self.shuffle))
+        self.position = int(state["position"])
+        self._order_cache = None
+
+
+def dataset_length(structure: Any) -> int | None:
+    """Number of samples in array-like data, or None for other data."""
+    for leaf in flatten(structure):
+        if leaf is not None and _is_array_like(leaf):
+            return len(leaf)
+    return None
+
+
+def is_streamable(x: Any) -> bool:
+    """True when ``x`` is array-like data the stream can read by sample."""
+    leaves = [leaf for leaf in flatten(x) if leaf is not None]
+    return bool(leaves) and all(_is_array_like(leaf) for leaf in leaves)
+
+
+def as_sequence(value: Any) -> Sequence:
+    return value if isinstance(value, (list, tuple)) else [value]

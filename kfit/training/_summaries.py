@@ -1,0 +1,77 @@
+"""Per-epoch summaries of a run (CNTK's ``progress.epoch_summaries``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kfit.callbacks._base import KfitCallback
+
+
+@dataclass
+class EpochSummary:
+    """What one epoch did.
+
+    Attributes:
+        epoch: the epoch's index (0-based).
+        loss: the mean training loss over the epoch.
+        metrics: the other training metrics (and validation results, ``val_*``).
+        samples: samples trained in the epoch (global).
+        seconds: wall time of the epoch.
+        samples_per_second: ``samples / seconds``.
+    """
+
+    epoch: int
+    loss: float | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples: int = 0
+    seconds: float = 0.0
+    samples_per_second: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class EpochSummaries(KfitCallback):
+    """Records an :class:`EpochSummary` per epoch and attaches the list to the run's ``History``."""
+
+    default_name = "epoch_summaries"
+
+    def __init__(self, history: Any = None):
+        super().__init__()
+        self.summaries: list[EpochSummary] = []
+        self.history = history
+        self._start_time = 0.0
+        self._start_samples = 0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._start_time = time.perf_counter()
+        self._start_samples = self.clock.samples
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        logs = dict(logs or {})
+        seconds = time.perf_counter() - self._start_time
+        samples = self.clock.samples - self._start_samples
+        loss = _float(logs.pop("loss", None))
+        metrics = {k: v for k, v in ((k, _float(v)) for k, v in logs.items()) if v is not None}
+        self.summaries.append(
+            EpochSummary(epoch, loss, metrics, samples, seconds, samples / seconds if seconds > 0 else 0.0)
+        )
+        if self.history is not None:
+            self.history.epoch_summaries = self.summaries
+
+    def get_state(self) -> dict[str, Any]:
+        return {"summaries": [s.as_dict() for s in self.summaries]}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.summaries = [EpochSummary(**s) for s in state.get("summaries", [])]
+        if self.history is not None:
+            self.history.epoch_summaries = self.summaries

@@ -1,0 +1,44 @@
+"""Test setup shared by every test: one backend per run, seeded, one CPU thread.
+
+The suite runs once per backend: ``KERAS_BACKEND=tensorflow|jax|torch pytest``. Thread counts are pinned
+before any backend is imported so that results repeat bit for bit.
+"""
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+BACKEND = keras.backend.backend()
+
+if BACKEND == "torch":
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Every test starts from the same seeds and a clean Keras session."""
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(1234)
+    yield
+    keras.backend.clear_session()
+
+
+@pytest.fixture
+def backend() -> str:
+    return BACKEND
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)

@@ -1,0 +1,117 @@
+"""The sample stream: sweeps, shuffling, seeking, sharding, h5py, bad input."""
+
+import h5py
+import numpy as np
+import pytest
+
+from kfit.data import Prefetcher, SampleStream, share
+
+
+def sequential_positions(stream, sizes):
+    start = 0
+    for size in sizes:
+        yield start, size
+        start += size
+
+
+def test_sweeps_are_permutations_and_minibatches_span_sweeps():
+    stream = SampleStream(np.arange(10), seed=3)
+    idx = stream.indices(0, 30)
+    for sweep in range(3):
+        assert sorted(idx[sweep * 10 : (sweep + 1) * 10].tolist()) == list(range(10))
+    # different sweeps are shuffled differently, and the same (seed, sweep) gives the same order
+    assert idx[:10].tolist() != idx[10:20].tolist()
+    assert SampleStream(np.arange(10), seed=3).indices(10, 20).tolist() == idx[10:20].tolist()
+    x, _, _ = stream.read(8, 5)
+    assert x.tolist() == idx[8:13].tolist()
+
+
+def test_seek_gives_the_minibatch_that_reading_up_to_it_gives():
+    data = np.random.default_rng(0).normal(size=(37, 3)).astype("float32")
+    sizes = [5, 7, 3, 11, 13, 2, 40, 9]
+    reader = SampleStream(data, seed=11)
+    batches = [reader.read(start, size)[0] for start, size in sequential_positions(reader, sizes)]
+    starts = list(sequential_positions(reader, sizes))
+    for k, (start, size) in enumerate(starts):
+        fresh = SampleStream(data, seed=11)
+        fresh.set_state({"position": start, "seed": 11, "shuffle": True, "num_samples": 37})
+        np.testing.assert_array_equal(fresh.read(fresh.position, size)[0], batches[k])
+
+
+def test_no_shuffle_reads_in_order():
+    stream = SampleStream(np.arange(6), shuffle=False)
+    assert stream.read(4, 4)[0].tolist() == [4, 5, 0, 1]
+
+
+@pytest.mark.parametrize("size,workers", [(8, 2), (9, 2), (10, 3), (3, 3)])
+def test_worker_shares_cover_each_global_minibatch_exactly_once(size, workers):
+    data = np.arange(50)
+    global_stream = SampleStream(data, seed=5)
+    for start in (0, 17, 45):
+        expected = global_stream.indices(start, start + size)
+        parts = [SampleStream(data, seed=5, rank=r, num_workers=workers).read(start, size)[0] for r in range(workers)]
+        assert np.concatenate(parts).tolist() == expected.tolist()
+        lengths = [len(p) for p in parts]
+        assert max(lengths) - min(lengths) <= 1
+    assert share(0, 9, 0, 2) == (0, 5) and share(0, 9, 1, 2) == (5, 9)
+
+
+def test_dict_and_tuple_structures(rng):
+    x = {"image": rng.normal(size=(12, 2, 2)), "meta": rng.normal(size=(12, 3))}
+    y = (np.arange(12), np.arange(12) * 10)
+    stream = SampleStream(x, y, shuffle=False)
+    bx, by, sw = stream.read(3, 4)
+    assert set(bx) == {"image", "meta"} and bx["image"].shape == (4, 2, 2)
+    assert isinstance(by, tuple) and by[1].tolist() == [30, 40, 50, 60]
+    assert sw is None
+
+
+def test_h5py_datasets_are_read_by_minibatch(tmp_path):
+    path = tmp_path / "data.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(40, dtype="float32").reshape(20, 2)
+        f["y"] = np.arange(20, dtype="int64")
+    with h5py.File(path, "r") as f:
+        stream = SampleStream(f["x"], f["y"], seed=2)
+        memory = SampleStream(np.asarray(f["x"]), np.asarray(f["y"]), seed=2)
+        for start, size in [(0, 6), (6, 6), (18, 6), (7, 20)]:
+            a, b = stream.read(start, size), memory.read(start, size)
+            np.testing.assert_array_equal(a[0], b[0])
+            np.testing.assert_array_equal(a[1], b[1])
+        with pytest.raises(ValueError, match="h5py dataset holds only 20 samples"):
+            stream.read(0, 21)
+
+
+def test_bad_input_names_the_argument_and_the_lengths():
+    with pytest.raises(ValueError, match=r"same number of samples.*x: 10.*y: 9"):
+        SampleStream(np.zeros((10, 2)), np.zeros(9))
+    with pytest.raises(ValueError, match=r"sample_weight: 3"):
+        SampleStream(np.zeros((10, 2)), np.zeros(10), np.zeros(3))
+    with pytest.raises(ValueError, match="`x`.*different lengths \\(5 and 4\\)"):
+        SampleStream({"a": np.zeros(5), "b": np.zeros(4)})
+    with pytest.raises(ValueError, match="empty"):
+        SampleStream(np.zeros((0, 3)))
+    with pytest.raises(ValueError, match="`x`"):
+        SampleStream(None)
+    with pytest.raises(ValueError, match="`seed`"):
+        SampleStream(np.zeros(3), seed=-1)
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        SampleStream(np.zeros(10), num_workers=2, rank=0).read(0, 1)
+    with pytest.raises(ValueError, match="training data holds 10"):
+        SampleStream(np.zeros(10)).set_state({"position": 3, "num_samples": 11})
+
+
+def test_prefetcher_reads_ahead_and_survives_a_mispredicted_position():
+    stream = SampleStream(np.arange(100), seed=1)
+    plan = iter([(0, 10), (10, 10), (20, 10), (30, 10)])
+    prefetcher = Prefetcher(stream.read, plan, depth=2)
+    try:
+        assert prefetcher.get(0, 10)[0].tolist() == stream.read(0, 10)[0].tolist()
+        assert prefetcher.get(10, 10)[0].tolist() == stream.read(10, 10)[0].tolist()
+        # a seek the plan did not predict: the right minibatch all the same
+        assert prefetcher.get(55, 5)[0].tolist() == stream.read(55, 5)[0].tolist()
+        assert prefetcher.get(60, 5)[0].tolist() == stream.read(60, 5)[0].tolist()
+    finally:
+        prefetcher.close()
+    with pytest.raises(ValueError, match="`prefetch`"):
+        Prefetcher(stream.read, iter([]), depth=-1)
