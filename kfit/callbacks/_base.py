@@ -8,6 +8,8 @@ import keras
 
 from kfit.clock import Clock, get_clock
 
+PEERS_ATTRIBUTE = "_kfit_peers"
+
 NO_CLOCK_MESSAGE = (
     "{name} needs kfit's sample clock, and none is attached to the model. Train with "
     "kfit.fit(model, ...), or, under plain model.fit, add kfit.callbacks.SampleClock(batch_size=B, "
@@ -31,6 +33,10 @@ class KfitCallback(keras.callbacks.Callback):
     default_name = "callback"
     #: True when the callback needs kfit.fit's data stream (it cannot work under plain model.fit).
     needs_stream = False
+    #: kfit.fit calls callbacks in increasing ``order`` (stable): cross-validation (-10) before the
+    #: controllers that read it (0), the epoch summaries (90) and checkpoints (100) last, so that a
+    #: checkpoint holds what every other callback did in the same step.
+    order = 0
 
     def __init__(self, name: str | None = None):
         super().__init__()
@@ -47,6 +53,29 @@ class KfitCallback(keras.callbacks.Callback):
         if clock is None:
             raise RuntimeError(NO_CLOCK_MESSAGE.format(name=type(self).__name__))
         return clock
+
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        peers = getattr(model, PEERS_ATTRIBUTE, None)
+        if peers is None:
+            peers = []
+            object.__setattr__(model, PEERS_ATTRIBUTE, peers)
+        if not any(p is self for p in peers):
+            peers.append(self)
+
+    def peers(self) -> list:
+        """The kfit callbacks of the current run (this one included), in calling order."""
+        from kfit.training._context import get_context
+
+        context = get_context(self._model)
+        if context is not None:
+            return [c for c in context.callbacks if isinstance(c, KfitCallback)]
+        return list(getattr(self._model, PEERS_ATTRIBUTE, []))
+
+    def publish(self, hook: str, *args: Any) -> None:
+        """Calls ``hook(*args)`` on every kfit callback of the run (e.g. ``on_cross_validation_end``)."""
+        for peer in self.peers():
+            getattr(peer, hook)(*args)
 
     @property
     def training_model(self) -> Any:
@@ -71,6 +100,17 @@ class KfitCallback(keras.callbacks.Callback):
 
     def on_step_end(self, clock: Clock, logs: dict | None) -> None:
         """Called after each training step (``logs`` may hold backend tensors: convert lazily)."""
+
+    def on_cross_validation_end(self, index: int, logs: dict) -> None:
+        """Called on every kfit callback after each cross-validation (``logs``: ``val_*`` results,
+        ``val_average_error``, ``val_samples``, ``val_minibatches``, ``val_index``; floats)."""
+
+    def on_hyperparameter_change(self, name: str, value: float, scheduled: float, unit: str) -> None:
+        """Called when a schedule changes a hyperparameter: ``name`` ("lr", "momentum"), the value the
+        optimizer now uses per minibatch, the scheduled value in its own ``unit`` ("per_sample", ...)."""
+
+    def on_test_end(self, logs: dict) -> None:
+        """Called on every kfit callback after the final test evaluation (``test_*`` results)."""
 
     # -- state -----------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:

@@ -88,6 +88,9 @@ class _HyperparameterSchedule(KfitCallback):
         if value != self._applied:
             _backend.set_variable(self._model, self._variable, value)
             self._applied = value
+            schedule, s0, m0 = self.active_schedule(clock.samples)
+            self.publish("on_hyperparameter_change", self.log_key, value,
+                         float(schedule.value(clock.samples - s0, clock.minibatches - m0)), schedule.unit)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is not None and self._applied is not None:

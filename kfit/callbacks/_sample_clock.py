@@ -73,6 +73,7 @@ class SampleClock(KfitCallback):
     """
 
     default_name = "sample_clock"
+    order = -100
 
     def __init__(self, batch_size: int, num_samples: int | None = None):
         super().__init__()

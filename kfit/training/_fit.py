@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 from kfit import _backend
-from kfit.callbacks._base import KfitCallback
+from kfit.callbacks._base import PEERS_ATTRIBUTE, KfitCallback
 from kfit.callbacks._minibatch_size_schedule import MinibatchSizeSchedule
 from kfit.callbacks._sample_clock import SampleClock, apply_minibatch_size
 from kfit.clock import Clock, attach_clock
@@ -78,6 +78,11 @@ def _class_weights(y: Any, class_weight: dict) -> np.ndarray:
         return np.array([class_weight[int(c)] for c in labels], dtype="float32")
     except KeyError as missing:
         raise ValueError(f"`class_weight` has no weight for class {missing}. Received: class_weight={class_weight!r}") from None
+
+
+def ordered_callbacks(callbacks: list) -> list:
+    """Callbacks sorted (stably) by their ``order``: see :attr:`kfit.callbacks.KfitCallback.order`."""
+    return sorted(callbacks, key=lambda c: getattr(c, "order", 0))
 
 
 def _should_validate(epoch: int, validation_freq: Any) -> bool:
@@ -242,12 +247,14 @@ def _fit_with_model_fit(model, x, y, batch_size, epochs, verbose, callbacks, val
         clock_callbacks.append(SampleClock(batch_size=int(batch_size or 32), num_samples=n))
     history = keras.callbacks.History()
     summaries = EpochSummaries(history)
+    callbacks = ordered_callbacks(clock_callbacks + callbacks + [summaries])
+    object.__setattr__(model, PEERS_ATTRIBUTE, [])
     context = TrainingContext(clock=clock, callbacks=callbacks, history=history, kfit_fit=False, epochs=epochs)
     attach_context(model, context)
     try:
         model.fit(
             x, y, batch_size=batch_size, epochs=epochs, verbose=verbose,
-            callbacks=clock_callbacks + callbacks + [summaries, history],
+            callbacks=[history] + callbacks,
             validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
             class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch,
             steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
@@ -300,9 +307,10 @@ class _StreamFit:
         self.clock = attach_clock(model, Clock(samples=initial_epoch * self.epoch_size, epoch_size=self.epoch_size))
         self.history = keras.callbacks.History()
         self.summaries = EpochSummaries(self.history)
-        self.user_callbacks = callbacks
+        self.callbacks = ordered_callbacks(callbacks + [self.summaries])
+        object.__setattr__(model, PEERS_ATTRIBUTE, [])
         self.context = TrainingContext(
-            clock=self.clock, stream=self.stream, callbacks=callbacks + [self.summaries], history=self.history,
+            clock=self.clock, stream=self.stream, callbacks=self.callbacks, history=self.history,
             kfit_fit=True, epochs=epochs, max_samples=max_samples,
         )
         self.runner = _backend.StepRunner(model)
@@ -325,7 +333,7 @@ class _StreamFit:
         attach_context(model, self.context)
         callback_list = keras.callbacks.CallbackList(
             # History first: its on_train_begin clears the epoch list, which a restore then refills.
-            [self.history] + self.user_callbacks + [self.summaries],
+            [self.history] + self.callbacks,
             add_history=False,
             add_progbar=self.verbose != 0,
             verbose=self.verbose,

@@ -44,6 +44,7 @@ class EpochSummaries(KfitCallback):
     """Records an :class:`EpochSummary` per epoch and attaches the list to the run's ``History``."""
 
     default_name = "epoch_summaries"
+    order = 90
 
     def __init__(self, history: Any = None):
         super().__init__()
