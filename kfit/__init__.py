@@ -16,6 +16,16 @@ from kfit import callbacks, data, distributed, optimizers, schedules  # noqa: E4
 from kfit.clock import Clock, get_clock  # noqa: E402
 from kfit.training import EpochSummary, fit, get_context  # noqa: E402
 
+
+def __getattr__(name: str):
+    # Checkpoint functions import h5py writers on first use.
+    if name in ("save_checkpoint", "load_checkpoint"):
+        from kfit import checkpoint
+
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module 'kfit' has no attribute {name!r}")
+
+
 __all__ = [
     "Clock",
     "EpochSummary",
@@ -26,6 +36,8 @@ __all__ = [
     "fit",
     "get_clock",
     "get_context",
+    "load_checkpoint",
+    "save_checkpoint",
     "optimizers",
     "schedules",
 ]

@@ -137,7 +137,7 @@ class StepRunner:
                 "metrics_variables": metrics_vars,
             }
             return logs
-        return model.train_function(iter([batch]))
+        return model.train_function([batch])
 
     def sync(self) -> None:
         """Writes the loop's state back into the Keras variables."""

@@ -21,3 +21,12 @@ def size() -> int:
 def is_chief() -> bool:
     """True on the worker that writes files (rank 0)."""
     return rank() == 0
+
+
+def any_true(flag: bool) -> bool:
+    """True on every worker when ``flag`` is True on any worker (one small allreduce under Horovod)."""
+    return bool(flag)
+
+
+def broadcast_training_state(model) -> None:
+    """Makes every worker hold rank 0's model and optimizer state (a no-op for one worker)."""

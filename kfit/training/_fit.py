@@ -314,6 +314,7 @@ class _StreamFit:
             kfit_fit=True, epochs=epochs, max_samples=max_samples,
         )
         self.runner = _backend.StepRunner(model)
+        self.distributed = distributed.size() > 1
 
     # -- data ------------------------------------------------------------------------------------
     def read(self, start: int, size: int) -> tuple:
@@ -347,6 +348,10 @@ class _StreamFit:
             self.runner.build(_backend.to_tensors(first))
             model.stop_training = False
             callback_list.on_train_begin()
+            from kfit import distributed
+
+            if self.distributed:
+                distributed.broadcast_training_state(model)
             self.stream.position = clock.samples
             prefetcher = Prefetcher(
                 self.read,
@@ -368,6 +373,7 @@ class _StreamFit:
         return max(size, self.stream.num_workers)
 
     def _train(self, callback_list: Any, prefetcher: Prefetcher) -> dict:
+        from kfit import distributed
         model, clock, runner = self.model, self.clock, self.runner
         applied_size = None
         epoch_logs: dict = {}
@@ -394,6 +400,10 @@ class _StreamFit:
                 self.stream.position = clock.samples
                 callback_list.on_train_batch_end(step, logs)
                 step += 1
+                if self.distributed:
+                    # A stop decided on any worker (cross-validation, early stopping, a user's callback)
+                    # ends training on every worker after the same step: none is left in an allreduce alone.
+                    model.stop_training = distributed.any_true(model.stop_training)
                 if model.stop_training:
                     break
             runner.sync()

@@ -1,0 +1,238 @@
+"""CNTK's schedule functions under their CNTK names, so that a CNTK script ports by changing its imports.
+
+======================================================  =========================================================
+CNTK                                                    kfit.schedules
+======================================================  =========================================================
+`learning_parameter_schedule_per_sample(s, e)`          `learning_rate_per_sample(s, e)`
+`learning_parameter_schedule(s, minibatch_size=B, e)`   `learning_rate_per_minibatch(s, e, reference_minibatch_size=B)`
+`learning_rate_schedule(s, UnitType.sample, e)`         `learning_rate_per_sample(s, e)`
+`learning_rate_schedule(s, UnitType.minibatch, e)`      `learning_rate_per_minibatch(s, e)`
+`momentum_as_time_constant_schedule(m, e)`              `momentum_as_time_constant(m, e)`
+`momentum_schedule_per_sample(m, e)`                    `momentum_per_sample(m, e)`
+`momentum_schedule(m, e, minibatch_size=B)`             `momentum_per_minibatch(m, e, reference_minibatch_size=B)`
+`minibatch_size_schedule(s, e)`                         `minibatch_size(s, e)`
+======================================================  =========================================================
+
+A minibatch size of `IGNORE` (0) or None means "no reference size": the value is used as is, as in CNTK.
+
+One difference: in CNTK 2.2 and later a list given without `epoch_size` changes value once per data sweep;
+in kfit it changes once per minibatch (CNTK's older rule). Give `epoch_size` explicitly (one sweep is
+`len(x_train)` samples) to keep CNTK 2.2's meaning.
+
+Example:
+    >>> from kfit.cntk import UnitType, learning_rate_schedule
+    >>> lrs = learning_rate_schedule([0.001] * 12 + [0.0005], UnitType.sample, epoch_size=60000)
+    >>> lrs[0], lrs[12 * 60000]
+    (0.001, 0.0005)
+"""
+
+from __future__ import annotations
+
+import enum
+import numbers
+from typing import Any
+
+from kfit.schedules import (
+    HyperparameterSchedule,
+    learning_rate_per_minibatch,
+    learning_rate_per_sample,
+    minibatch_size,
+    momentum_as_time_constant,
+    momentum_per_minibatch,
+    momentum_per_sample,
+)
+
+__all__ = [
+    "IGNORE",
+    "UnitType",
+    "learning_parameter_schedule",
+    "learning_parameter_schedule_per_sample",
+    "learning_rate_schedule",
+    "minibatch_size_schedule",
+    "momentum_as_time_constant_schedule",
+    "momentum_schedule",
+    "momentum_schedule_per_sample",
+]
+
+IGNORE = 0
+"""CNTK's `cntk.learners.IGNORE`: as a `minibatch_size`, use the values as they are (no reference size)."""
+
+
+class UnitType(enum.Enum):
+    """Whether a learning rate is given per sample or per minibatch (CNTK's `cntk.learners.UnitType`)."""
+
+    sample = "sample"
+    minibatch = "minibatch"
+
+
+def _reference(minibatch_size: Any) -> Any:
+    # CNTK's IGNORE (0) means the same as None. Anything else goes to kfit's check as given.
+    is_int = isinstance(minibatch_size, numbers.Integral) and not isinstance(minibatch_size, bool)
+    if minibatch_size is None or (is_int and minibatch_size == IGNORE):
+        return None
+    return minibatch_size
+
+
+def learning_parameter_schedule_per_sample(
+    schedule: Any, epoch_size: int | None = None
+) -> HyperparameterSchedule:
+    """A learning rate per sample: a minibatch of `B` samples uses `lr * B`.
+
+    Args:
+        schedule: the rates, in any form `kfit.schedules.as_schedule` accepts.
+        epoch_size: samples per list entry, or None (a list is then per minibatch).
+
+    Returns:
+        `kfit.schedules.learning_rate_per_sample(schedule, epoch_size)`.
+
+    Raises:
+        ValueError: if a rate is negative or an argument is invalid.
+
+    Example:
+        >>> learning_parameter_schedule_per_sample(0.001).for_minibatch(0, 0, 100)
+        0.1
+    """
+    return learning_rate_per_sample(schedule, epoch_size)
+
+
+def learning_parameter_schedule(
+    schedule: Any, minibatch_size: int | None = None, epoch_size: int | None = None
+) -> HyperparameterSchedule:
+    """A learning rate per minibatch, tuned for `minibatch_size`: a minibatch of `B` uses `lr * B / minibatch_size`.
+
+    Args:
+        schedule: the rates, in any form `kfit.schedules.as_schedule` accepts.
+        minibatch_size: the reference minibatch size; None or `IGNORE` uses the rate as is.
+        epoch_size: samples per list entry, or None (a list is then per minibatch).
+
+    Returns:
+        `kfit.schedules.learning_rate_per_minibatch(schedule, epoch_size, reference_minibatch_size=...)`.
+
+    Raises:
+        ValueError: if a rate is negative or an argument is invalid.
+
+    Example:
+        >>> learning_parameter_schedule(0.1, minibatch_size=32).for_minibatch(0, 0, 64)
+        0.2
+    """
+    return learning_rate_per_minibatch(
+        schedule, epoch_size, reference_minibatch_size=_reference(minibatch_size)
+    )
+
+
+def learning_rate_schedule(
+    schedule: Any, unit: UnitType | str, epoch_size: int | None = None
+) -> HyperparameterSchedule:
+    """A learning rate per sample or per minibatch (CNTK's deprecated form with a `UnitType`).
+
+    Args:
+        schedule: the rates, in any form `kfit.schedules.as_schedule` accepts.
+        unit: `UnitType.sample` (per sample: `lr * B`) or `UnitType.minibatch` (used as is).
+        epoch_size: samples per list entry, or None (a list is then per minibatch).
+
+    Returns:
+        `learning_rate_per_sample` or `learning_rate_per_minibatch` of `schedule`.
+
+    Raises:
+        ValueError: if `unit` is not a `UnitType`, a rate is negative or an argument is invalid.
+
+    Example:
+        >>> learning_rate_schedule(0.1, UnitType.minibatch).for_minibatch(0, 0, 64)
+        0.1
+    """
+    try:
+        unit = UnitType(unit)
+    except ValueError:
+        raise ValueError(
+            f"Invalid value for argument `unit`: expected UnitType.sample or UnitType.minibatch. Received: unit={unit!r}"
+        ) from None
+    if unit is UnitType.sample:
+        return learning_rate_per_sample(schedule, epoch_size)
+    return learning_rate_per_minibatch(schedule, epoch_size)
+
+
+def momentum_as_time_constant_schedule(
+    momentum: Any, epoch_size: int | None = None
+) -> HyperparameterSchedule:
+    """A momentum as a time constant `tau` in samples: a minibatch of `B` uses `exp(-B / tau)`.
+
+    Args:
+        momentum: the time constants, in any form `kfit.schedules.as_schedule` accepts; 0 means no momentum.
+        epoch_size: samples per list entry, or None (a list is then per minibatch).
+
+    Returns:
+        `kfit.schedules.momentum_as_time_constant(momentum, epoch_size)`.
+
+    Raises:
+        ValueError: if a time constant is negative or not finite, or an argument is invalid.
+
+    Example:
+        >>> momentum_as_time_constant_schedule(1024).per_sample_momentum(0)
+        0.9990239141819757
+    """
+    return momentum_as_time_constant(momentum, epoch_size)
+
+
+def momentum_schedule_per_sample(momentum: Any, epoch_size: int | None = None) -> HyperparameterSchedule:
+    """A momentum per sample `m`: a minibatch of `B` samples uses `m ** B`.
+
+    Args:
+        momentum: the momenta, in any form `kfit.schedules.as_schedule` accepts; in `[0, 1)`.
+        epoch_size: samples per list entry, or None (a list is then per minibatch).
+
+    Returns:
+        `kfit.schedules.momentum_per_sample(momentum, epoch_size)`.
+
+    Raises:
+        ValueError: if a momentum is outside `[0, 1)` or an argument is invalid.
+
+    Example:
+        >>> momentum_schedule_per_sample(0.5).for_minibatch(0, 0, 2)
+        0.25
+    """
+    return momentum_per_sample(momentum, epoch_size)
+
+
+def momentum_schedule(
+    momentum: Any, epoch_size: int | None = None, minibatch_size: int | None = None
+) -> HyperparameterSchedule:
+    """A momentum per minibatch, used as is; tuned for `minibatch_size` `B_ref`, a minibatch of `B` uses `m ** (B / B_ref)`.
+
+    Args:
+        momentum: the momenta, in any form `kfit.schedules.as_schedule` accepts; in `[0, 1)`.
+        epoch_size: samples per list entry, or None (a list is then per minibatch).
+        minibatch_size: the reference minibatch size; None or `IGNORE` uses the momentum as is.
+
+    Returns:
+        `kfit.schedules.momentum_per_minibatch(momentum, epoch_size, reference_minibatch_size=...)`.
+
+    Raises:
+        ValueError: if a momentum is outside `[0, 1)` or an argument is invalid.
+
+    Example:
+        >>> m = momentum_schedule([0.99, 0.9], 1000)
+        >>> m[0], m[999], m[1000], m[1001]
+        (0.99, 0.99, 0.9, 0.9)
+    """
+    return momentum_per_minibatch(momentum, epoch_size, reference_minibatch_size=_reference(minibatch_size))
+
+
+def minibatch_size_schedule(schedule: Any, epoch_size: int | None = None) -> HyperparameterSchedule:
+    """The size of the next minibatch, read at the sample count when it is drawn.
+
+    Args:
+        schedule: the sizes, in any form `kfit.schedules.as_schedule` accepts; positive integers.
+        epoch_size: samples per list entry, or None (a list is then per minibatch).
+
+    Returns:
+        `kfit.schedules.minibatch_size(schedule, epoch_size)`.
+
+    Raises:
+        ValueError: if a size is not a positive integer or an argument is invalid.
+
+    Example:
+        >>> mb = minibatch_size_schedule([256] * 6 + [512], epoch_size=60000)
+        >>> mb[6 * 60000 - 1], mb[6 * 60000]
+        (256, 512)
+    """
+    return minibatch_size(schedule, epoch_size)

@@ -1,0 +1,220 @@
+"""Hyperparameters held in backend variables: create them, validate them, find them on any optimizer.
+
+A hyperparameter that changes during training must be a variable of the optimizer (an entry of
+``optimizer.variables``): on JAX the optimizer variables are the state passed into the jitted train step,
+and on TensorFlow a Python float would be a constant of the traced graph. Keras keeps the learning rate in
+a variable, but ``SGD.momentum`` and ``Adam.beta_1`` are Python floats, so changing them during training
+is silently ignored there. This module finds the variable a schedule must assign, and refuses loudly,
+saying what to use instead, where there is none.
+"""
+
+import numbers
+
+import keras
+
+HYPERPARAMETERS = ("learning_rate", "momentum", "beta_1", "minibatch_size")
+"""The hyperparameters that kfit's schedules know how to set."""
+
+# Which kfit optimizer keeps each hyperparameter in a variable, for the error messages.
+_KFIT_OPTIMIZER_FOR = {
+    "momentum": "kfit.optimizers.MomentumSGD",
+    "beta_1": "kfit.optimizers.Adam",
+    "minibatch_size": "kfit.optimizers.MomentumSGD",
+}
+
+
+def hyperparameter_variable(optimizer: keras.optimizers.Optimizer, name: str) -> keras.Variable:
+    """Return the backend variable that holds hyperparameter ``name`` of ``optimizer``.
+
+    A callback changes the hyperparameter with ``variable.assign(value)``; the compiled train step reads
+    the variable, so the change takes effect at the next step without recompiling. A
+    ``keras.optimizers.LossScaleOptimizer`` is looked through to its inner optimizer.
+
+    Args:
+        optimizer: A Keras optimizer.
+        name: ``"learning_rate"``, ``"momentum"``, ``"beta_1"``, ``"minibatch_size"``, or the name of
+            any other attribute of ``optimizer`` that holds a scalar float variable.
+
+    Returns:
+        The ``keras.Variable`` (one of ``optimizer.variables``) that holds the hyperparameter.
+
+    Raises:
+        TypeError: If ``optimizer`` is not a Keras optimizer or ``name`` is not a string.
+        ValueError: If the optimizer keeps the hyperparameter as a Python float (e.g.
+            ``keras.optimizers.SGD`` and ``"momentum"``), if its learning rate is a
+            ``LearningRateSchedule`` or a callable, or if it has no such hyperparameter; the message
+            says what to use instead.
+
+    Example:
+
+    >>> import kfit
+    >>> optimizer = kfit.optimizers.MomentumSGD(learning_rate=0.1, momentum=0.9)
+    >>> momentum = kfit.optimizers.hyperparameter_variable(optimizer, "momentum")
+    >>> _ = momentum.assign(0.5)
+    >>> round(float(optimizer.momentum.numpy()), 6)
+    0.5
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "Argument `optimizer` must be a keras.optimizers.Optimizer. "
+            f"Received: optimizer={optimizer!r} of type {type(optimizer).__name__}"
+        )
+    if not isinstance(name, str):
+        raise TypeError(f"Argument `name` must be a string. Received: name={name!r}")
+    optimizer = _unwrap(optimizer)
+    if name == "learning_rate":
+        return _learning_rate_variable(optimizer)
+
+    value = getattr(optimizer, name, None)
+    if _is_float_scalar_variable(value):
+        return value
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        raise ValueError(_python_float_message(optimizer, name))
+    available = [n for n in HYPERPARAMETERS if _has_variable(optimizer, n)]
+    message = (
+        f"{_display_name(optimizer)} has no hyperparameter `{name}` held in a variable. "
+        f"Hyperparameters held in variables on this optimizer: {available}."
+    )
+    if name in _KFIT_OPTIMIZER_FOR:
+        message += f" {_KFIT_OPTIMIZER_FOR[name]} keeps `{name}` in a variable."
+    raise ValueError(message)
+
+
+def minibatch_size_variable(optimizer: keras.optimizers.Optimizer) -> keras.Variable | None:
+    """Return the optimizer's ``minibatch_size`` variable, or ``None`` when it has none.
+
+    kfit assigns the size of the next minibatch to this variable before each step where it changes
+    (``kfit.optimizers.MomentumSGD`` needs it to sum the gradient over the minibatch, as CNTK does).
+
+    Args:
+        optimizer: A Keras optimizer (a ``LossScaleOptimizer`` is looked through).
+
+    Returns:
+        The ``keras.Variable`` named ``minibatch_size``, or ``None``.
+
+    Example:
+
+    >>> import keras, kfit
+    >>> kfit.optimizers.minibatch_size_variable(keras.optimizers.SGD()) is None
+    True
+    >>> variable = kfit.optimizers.minibatch_size_variable(kfit.optimizers.MomentumSGD(minibatch_size=32))
+    >>> float(variable.numpy())
+    32.0
+    """
+    value = getattr(_unwrap(optimizer), "minibatch_size", None)
+    return value if _is_float_scalar_variable(value) else None
+
+
+def add_hyperparameter_variable(optimizer: keras.optimizers.Optimizer, name: str, value: float):
+    """Create a scalar float32 variable that ``optimizer`` tracks in ``optimizer.variables``.
+
+    Created with the optimizer's public ``add_variable`` (so it is saved and loaded with the optimizer,
+    and is part of the state of the jitted train step on JAX), and aggregated like the learning rate.
+    """
+    return optimizer.add_variable(
+        shape=(),
+        initializer=keras.initializers.Constant(float(value)),
+        dtype="float32",
+        aggregation="only_first_replica",
+        name=name,
+    )
+
+
+def check_real(
+    name: str, value, *, low: float, high: float, low_inclusive: bool = True, high_inclusive: bool = True
+) -> float:
+    """Return ``value`` as a float after checking it is a real number in the given interval.
+
+    Raises:
+        TypeError: If ``value`` is not a real number (``bool`` is refused).
+        ValueError: If ``value`` is not finite or lies outside the interval.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"Argument `{name}` must be a float. Received: {name}={value!r}")
+    value = float(value)
+    left, right = "[" if low_inclusive else "(", "]" if high_inclusive else ")"
+    above = value >= low if low_inclusive else value > low
+    below = value <= high if high_inclusive else value < high
+    if not (above and below):  # also refuses NaN, and inf when `high` is inf
+        raise ValueError(
+            f"Invalid value for argument `{name}`: it must lie in {left}{low}, {high}{right}. "
+            f"Received: {name}={value!r}"
+        )
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    """Return ``value`` after checking it is a ``bool``; raise ``TypeError`` naming ``name`` otherwise."""
+    if not isinstance(value, bool):
+        raise TypeError(f"Argument `{name}` must be True or False. Received: {name}={value!r}")
+    return value
+
+
+def _unwrap(optimizer):
+    # LossScaleOptimizer delegates the learning rate but keeps the other hyperparameters inside.
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+def _is_float_scalar_variable(value) -> bool:
+    return (
+        isinstance(value, keras.Variable)
+        and tuple(value.shape) == ()
+        and keras.backend.standardize_dtype(value.dtype).startswith(("float", "bfloat"))
+    )
+
+
+def _has_variable(optimizer, name: str) -> bool:
+    if name == "learning_rate":
+        return _is_float_scalar_variable(getattr(optimizer, "_learning_rate", None))
+    return _is_float_scalar_variable(getattr(optimizer, name, None))
+
+
+def _learning_rate_variable(optimizer):
+    # `_learning_rate` is where BaseOptimizer keeps the variable, schedule or callable; reading the
+    # public `learning_rate` property would evaluate a schedule.
+    learning_rate = getattr(optimizer, "_learning_rate", None)
+    if _is_float_scalar_variable(learning_rate):
+        return learning_rate
+    what = _display_name(optimizer)
+    if isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+        raise ValueError(
+            f"This {what} was created with a keras.optimizers.schedules.LearningRateSchedule "
+            f"({type(learning_rate).__name__}) as its `learning_rate`, so its learning rate is computed "
+            "from the iteration count inside the train step and is not a variable that a schedule can "
+            "set. Create the optimizer with a float `learning_rate` (e.g. learning_rate=0.01) and give "
+            "the schedule to kfit instead."
+        )
+    raise ValueError(
+        f"This {what} has a `learning_rate` of type {type(learning_rate).__name__} (e.g. a callable), "
+        "not a variable, so a schedule cannot set it. Create the optimizer with a float `learning_rate` "
+        "(e.g. learning_rate=0.01) and give the schedule to kfit instead."
+    )
+
+
+def _python_float_message(optimizer, name: str) -> str:
+    what = _display_name(optimizer)
+    message = (
+        f"{what} keeps `{name}` as a Python float compiled into the train step, so a schedule cannot "
+        "change it during training (TensorFlow and JAX would silently ignore the change). "
+    )
+    if name == "momentum" and isinstance(optimizer, keras.optimizers.SGD):
+        return message + "Use kfit.optimizers.MomentumSGD(...) instead."
+    if name == "beta_1" and isinstance(optimizer, keras.optimizers.Adam):
+        return message + "Use kfit.optimizers.Adam(...) instead."
+    if name in _KFIT_OPTIMIZER_FOR:
+        return message + (
+            f"{_KFIT_OPTIMIZER_FOR[name]}(...) keeps `{name}` in a variable; use it, or an optimizer that "
+            f"keeps `{name}` in a keras.Variable."
+        )
+    return message + f"Use an optimizer that keeps `{name}` in a keras.Variable."
+
+
+def _display_name(optimizer) -> str:
+    """``keras.optimizers.SGD`` for Keras's own classes (also for their per-backend subclasses)."""
+    cls = type(optimizer)
+    if not cls.__module__.startswith("keras"):
+        return cls.__name__
+    for base in cls.__mro__:
+        if getattr(keras.optimizers, base.__name__, None) is base:
+            return f"keras.optimizers.{base.__name__}"
+    return cls.__name__
