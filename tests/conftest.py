@@ -19,6 +19,9 @@ import pytest  # noqa: E402
 
 BACKEND = keras.backend.backend()
 
+# Scripts that tests run in subprocesses (under horovodrun, or to be killed): not test modules.
+collect_ignore_glob = ["scripts/*", "horovod_scripts/*"]
+
 if BACKEND == "torch":
     import torch
 

@@ -131,16 +131,16 @@ def check_real(
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"Argument `{name}` must be a float. Received: {name}={value!r}")
-    value = float(value)
+    number = float(value)
     left, right = "[" if low_inclusive else "(", "]" if high_inclusive else ")"
-    above = value >= low if low_inclusive else value > low
-    below = value <= high if high_inclusive else value < high
+    above = number >= low if low_inclusive else number > low
+    below = number <= high if high_inclusive else number < high
     if not (above and below):  # also refuses NaN, and inf when `high` is inf
         raise ValueError(
             f"Invalid value for argument `{name}`: it must lie in {left}{low}, {high}{right}. "
             f"Received: {name}={value!r}"
         )
-    return value
+    return number
 
 
 def check_bool(name: str, value) -> bool:
@@ -199,6 +199,8 @@ def _python_float_message(optimizer, name: str) -> str:
     )
     if name == "momentum" and isinstance(optimizer, keras.optimizers.SGD):
         return message + "Use kfit.optimizers.MomentumSGD(...) instead."
+    if name == "beta_1" and isinstance(optimizer, keras.optimizers.AdamW):
+        return message + "Use kfit.optimizers.Adam(weight_decay=...) instead (its weight decay is AdamW's)."
     if name == "beta_1" and isinstance(optimizer, keras.optimizers.Adam):
         return message + "Use kfit.optimizers.Adam(...) instead."
     if name in _KFIT_OPTIMIZER_FOR:
@@ -212,6 +214,8 @@ def _python_float_message(optimizer, name: str) -> str:
 def _display_name(optimizer) -> str:
     """``keras.optimizers.SGD`` for Keras's own classes (also for their per-backend subclasses)."""
     cls = type(optimizer)
+    if cls.__module__.startswith("kfit.optimizers"):
+        return f"kfit.optimizers.{cls.__name__}"
     if not cls.__module__.startswith("keras"):
         return cls.__name__
     for base in cls.__mro__:

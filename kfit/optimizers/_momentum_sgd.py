@@ -94,7 +94,11 @@ class MomentumSGD(keras.optimizers.Optimizer):
     ):
         momentum = check_real("momentum", momentum, low=0.0, high=1.0, high_inclusive=False)
         minibatch_size = check_real(
-            "minibatch_size", minibatch_size, low=0.0, high=float("inf"), low_inclusive=False,
+            "minibatch_size",
+            minibatch_size,
+            low=0.0,
+            high=float("inf"),
+            low_inclusive=False,
             high_inclusive=False,
         )
         check_bool("nesterov", nesterov)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The test suite: ruff, then pytest once per Keras backend (TensorFlow, JAX, PyTorch), doctests included.
+# On a fresh machine it first installs everything (scripts/setup.sh, Horovod included).
+#   bash scripts/test.sh                 # all three backends
+#   KFIT_BACKENDS="jax" bash scripts/test.sh -k stream    # one backend, extra pytest arguments
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KFIT_WITH_HOROVOD=${KFIT_WITH_HOROVOD:-1} bash scripts/setup.sh
+# shellcheck disable=SC1091
+. .venv/bin/activate
+ruff check kfit tests examples benchmarks
+status=0
+summary=()
+for backend in ${KFIT_BACKENDS:-tensorflow jax torch}; do
+  echo "=== KERAS_BACKEND=$backend ==="
+  if KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider "$@"; then
+    summary+=("$backend: passed")
+  else
+    summary+=("$backend: FAILED")
+    status=1
+  fi
+done
+printf '%s\n' "${summary[@]}"
+exit $status

@@ -1,0 +1,156 @@
+"""CNTK's schedule names: the advanced MNIST sample's schedules, and each alias's kfit meaning."""
+
+import math
+
+import pytest
+
+from kfit import cntk as C
+from kfit.schedules import (
+    learning_rate_per_minibatch,
+    learning_rate_per_sample,
+    minibatch_size,
+    momentum_as_time_constant,
+    momentum_per_minibatch,
+    momentum_per_sample,
+)
+
+N = 60000  # samples in one epoch of the MNIST training set
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Overrides the shared Keras reset (about 0.4 s a test): these tests touch no backend state."""
+    yield
+
+
+def _at_epoch_starts(schedule, table):
+    """Checks `schedule` at the first sample of each epoch in `table`, and at the last sample before it."""
+    previous = None
+    for epoch, expected in table:
+        assert schedule[epoch * N] == expected, epoch
+        if previous is not None and epoch > 0:
+            assert schedule[epoch * N - 1] == previous, epoch
+        previous = expected
+
+
+LR_TABLE = [
+    (0, 0.001),
+    (11, 0.001),
+    (12, 0.0005),
+    (17, 0.0005),
+    (18, 0.00025),
+    (23, 0.00025),
+    (24, 0.000125),
+    (26, 0.000125),
+    (27, 0.0000625),
+    (29, 0.0000625),
+    (30, 0.00003125),
+    (100, 0.00003125),
+]
+
+MINIBATCH_TABLE = [
+    (0, 256),
+    (5, 256),
+    (6, 512),
+    (14, 512),
+    (15, 1024),
+    (21, 1024),
+    (22, 2048),
+    (29, 2048),
+    (30, 4096),
+    (1000, 4096),
+]
+
+
+def test_the_advanced_sample_learning_rate():
+    lrs = C.learning_rate_schedule(
+        [0.001] * 12 + [0.0005] * 6 + [0.00025] * 6 + [0.000125] * 3 + [0.0000625] * 3 + [0.00003125],
+        C.UnitType.sample,
+        epoch_size=N,
+    )
+    assert (lrs.kind, lrs.unit) == ("learning_rate", "per_sample")
+    _at_epoch_starts(lrs, LR_TABLE)
+    for epoch, lr in LR_TABLE:
+        for b in (256, 512, 4096):
+            assert lrs.for_minibatch(epoch * N, 0, b) == lr * b
+
+
+def test_the_advanced_sample_momentum():
+    momentums = C.momentum_as_time_constant_schedule([0] * 5 + [1024], epoch_size=N)
+    assert (momentums.kind, momentums.unit) == ("momentum", "time_constant")
+    _at_epoch_starts(momentums, [(0, 0), (4, 0), (5, 1024), (6, 1024), (100, 1024)])
+    assert momentums.per_sample_momentum(5 * N - 1) == 0.0
+    assert momentums.for_minibatch(5 * N - 1, 0, 256) == 0.0
+    assert momentums.per_sample_momentum(5 * N) == 0.9990239141819757
+    for b in (256, 512, 4096):
+        assert momentums.for_minibatch(5 * N, 0, b) == math.exp(-b / 1024)
+
+
+def test_the_advanced_sample_minibatch_sizes():
+    sizes = C.minibatch_size_schedule([256] * 6 + [512] * 9 + [1024] * 7 + [2048] * 8 + [4096], epoch_size=N)
+    _at_epoch_starts(sizes, MINIBATCH_TABLE)
+    for epoch, size in MINIBATCH_TABLE:
+        assert sizes.for_minibatch(epoch * N, 0, 1) == size
+        assert type(sizes[epoch * N]) is int
+
+
+@pytest.mark.parametrize(
+    ("alias", "native"),
+    [
+        (
+            lambda: C.learning_parameter_schedule_per_sample([0.1, 0.01], 100),
+            learning_rate_per_sample([0.1, 0.01], 100),
+        ),
+        (
+            lambda: C.learning_parameter_schedule([0.1, 0.01], 32, 100),
+            learning_rate_per_minibatch([0.1, 0.01], 100, 32),
+        ),
+        (lambda: C.learning_parameter_schedule(0.1), learning_rate_per_minibatch(0.1)),
+        (
+            lambda: C.learning_parameter_schedule(0.1, minibatch_size=C.IGNORE),
+            learning_rate_per_minibatch(0.1),
+        ),
+        (lambda: C.learning_rate_schedule(0.1, C.UnitType.sample), learning_rate_per_sample(0.1)),
+        (lambda: C.learning_rate_schedule(0.1, "sample"), learning_rate_per_sample(0.1)),
+        (
+            lambda: C.learning_rate_schedule([0.1, 0.2], C.UnitType.minibatch, 10),
+            learning_rate_per_minibatch([0.1, 0.2], 10),
+        ),
+        (lambda: C.momentum_as_time_constant_schedule(1100), momentum_as_time_constant(1100)),
+        (lambda: C.momentum_schedule_per_sample(0.99, 10), momentum_per_sample(0.99, 10)),
+        (lambda: C.momentum_schedule([0.99, 0.9], 1000), momentum_per_minibatch([0.99, 0.9], 1000)),
+        (
+            lambda: C.momentum_schedule(0.9, minibatch_size=64),
+            momentum_per_minibatch(0.9, reference_minibatch_size=64),
+        ),
+        (lambda: C.momentum_schedule(0.9, minibatch_size=C.IGNORE), momentum_per_minibatch(0.9)),
+        (lambda: C.minibatch_size_schedule([64, 128], 10), minibatch_size([64, 128], 10)),
+    ],
+)
+def test_aliases_build_the_kfit_schedules(alias, native):
+    assert alias() == native
+
+
+def test_cntk_docstring_examples():
+    s = C.learning_rate_schedule([(12, 0.1), (15, 0.01), (1, 0.001)], C.UnitType.sample, 100)
+    assert (s[0], s[1199], s[1200], s[2699], s[2700], s[5000]) == (0.1, 0.1, 0.01, 0.01, 0.001, 0.001)
+    m = C.momentum_schedule([0.99, 0.9], 1000)
+    assert (m[0], m[999], m[1000], m[1001]) == (0.99, 0.99, 0.9, 0.9)
+    assert C.learning_parameter_schedule(0.1, minibatch_size=32).for_minibatch(0, 0, 64) == 0.1 * 64 / 32
+    assert C.momentum_schedule(0.9, minibatch_size=32).for_minibatch(0, 0, 64) == 0.9**2
+
+
+@pytest.mark.parametrize(
+    ("make", "name"),
+    [
+        (lambda: C.learning_rate_schedule(0.1, "epoch"), "unit"),
+        (lambda: C.learning_rate_schedule(0.1, None), "unit"),
+        (lambda: C.learning_parameter_schedule(0.1, minibatch_size=-1), "reference_minibatch_size"),
+        (lambda: C.momentum_schedule(1.2), "values"),
+        (lambda: C.minibatch_size_schedule([256], epoch_size=0), "epoch_size"),
+        (lambda: C.momentum_as_time_constant_schedule(-1), "values"),
+    ],
+)
+def test_aliases_validate(make, name):
+    with pytest.raises(ValueError, match=f"`{name}`"):
+        make()

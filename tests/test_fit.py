@@ -1,0 +1,273 @@
+"""kfit.fit: a drop-in for model.fit, the stream-driven loop, minibatch-size schedules."""
+
+import math
+
+import h5py
+import keras
+import numpy as np
+import pytest
+from helpers import BatchSamples, StepRecorder, assert_same_weights, classification_data, mlp, regression_data, weights
+
+import kfit
+from conftest import BACKEND
+
+
+def compiled(model, loss="mse", metrics=None, optimizer=None):
+    model.compile(optimizer=optimizer or keras.optimizers.SGD(0.05), loss=loss, metrics=metrics)
+    return model
+
+
+# -- drop-in: with no kfit feature, kfit.fit is model.fit ------------------------------------------
+
+DROP_IN_CASES = {
+    "plain": dict(batch_size=8, epochs=2),
+    "no_shuffle": dict(batch_size=16, epochs=2, shuffle=False),
+    "validation_split": dict(batch_size=8, epochs=2, validation_split=0.25),
+    "validation_data_freq": dict(batch_size=8, epochs=3, validation_freq=2, validation="data"),
+    "sample_weight": dict(batch_size=8, epochs=2, sample_weight=True),
+    "initial_epoch": dict(batch_size=8, epochs=3, initial_epoch=1),
+    "steps_per_epoch": dict(batch_size=8, epochs=2, steps_per_epoch=3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DROP_IN_CASES))
+def test_kfit_fit_equals_model_fit_without_kfit_features(case):
+    x, y = regression_data(48)
+    kwargs = dict(DROP_IN_CASES[case])
+    if kwargs.pop("validation", None) == "data":
+        kwargs["validation_data"] = regression_data(16, seed=5)
+    if kwargs.pop("sample_weight", False):
+        kwargs["sample_weight"] = np.linspace(0.5, 1.5, 48).astype("float32")
+    runs = []
+    for use_kfit in (False, True):
+        model = compiled(mlp(dropout=0.1), metrics=["mae"])
+        keras.utils.set_random_seed(7)
+        if use_kfit:
+            history = kfit.fit(model, x, y, verbose=0, **kwargs)
+        else:
+            history = model.fit(x, y, verbose=0, **kwargs)
+        runs.append((model, history))
+    (keras_model, keras_history), (kfit_model, kfit_history) = runs
+    assert_same_weights(keras_model, kfit_model)
+    assert kfit_history.history == keras_history.history
+    assert len(kfit_history.epoch_summaries) == len(keras_history.history["loss"])
+
+
+def test_class_weight_is_model_fits_and_the_streams():
+    x, y = classification_data(48)
+    class_weight = {0: 1.0, 1: 2.0, 2: 0.5}
+    a = compiled(mlp(outputs=3), loss="sparse_categorical_crossentropy")
+    keras.utils.set_random_seed(3)
+    a.fit(x, y, batch_size=8, epochs=2, shuffle=False, class_weight=class_weight, verbose=0)
+    b = compiled(mlp(outputs=3), loss="sparse_categorical_crossentropy")
+    keras.utils.set_random_seed(3)
+    kfit.fit(b, x, y, batch_size=8, epochs=2, shuffle=False, class_weight=class_weight, verbose=0)
+    assert_same_weights(a, b)
+    # The stream path (seed= asks for it) with shuffle=False draws the same batches: same weights.
+    c = compiled(mlp(outputs=3), loss="sparse_categorical_crossentropy")
+    keras.utils.set_random_seed(3)
+    kfit.fit(c, x, y, batch_size=8, epochs=2, shuffle=False, class_weight=class_weight, seed=0, verbose=0)
+    np.testing.assert_allclose(np.concatenate([w.ravel() for w in weights(c)]),
+                               np.concatenate([w.ravel() for w in weights(a)]), rtol=1e-5, atol=1e-6)
+
+
+def test_stream_loop_without_shuffle_trains_like_model_fit():
+    x, y = regression_data(50)
+    a = compiled(mlp(), metrics=["mae"])
+    history_a = a.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+    b = compiled(mlp(), metrics=["mae"])
+    history_b = kfit.fit(b, x, y, minibatch_size=16, epochs=3, shuffle=False, seed=0, verbose=0)
+    for wa, wb in zip(weights(a), weights(b)):
+        np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(history_a.history["loss"], history_b.history["loss"], rtol=1e-5)
+    assert [s.samples for s in history_b.epoch_summaries] == [50, 50, 50]
+
+
+def test_keras_callbacks_keep_working_in_the_stream_loop(tmp_path):
+    x, y = regression_data(40)
+    model = compiled(mlp())
+    csv = tmp_path / "log.csv"
+    saved = tmp_path / "best.keras"
+    stopper = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=1e9)
+    history = kfit.fit(
+        model, x, y, minibatch_size=8, epochs=5, seed=1, verbose=0,
+        callbacks=[keras.callbacks.CSVLogger(str(csv)), keras.callbacks.ModelCheckpoint(str(saved)), stopper],
+    )
+    # min_delta is huge: no epoch improves enough, so EarlyStopping ends training after the second epoch.
+    assert len(history.history["loss"]) == 2
+    assert len(csv.read_text().strip().splitlines()) == 1 + 2
+    assert saved.exists() and keras.models.load_model(saved).count_params() == model.count_params()
+
+
+# -- epochs, max_samples, epoch summaries ------------------------------------------------------------
+
+
+def test_epoch_size_and_max_samples_bound_training():
+    x, y = regression_data(40)
+    model = compiled(mlp(), metrics=[BatchSamples()])
+    history = kfit.fit(model, x, y, minibatch_size=16, epoch_size=50, max_samples=120, epochs=10, verbose=0)
+    summaries = history.epoch_summaries
+    # 120 samples in epochs of 50: 50, 50, 20 — each minibatch cut at the epoch end.
+    assert [s.samples for s in summaries] == [50, 50, 20]
+    assert [s.epoch for s in summaries] == [0, 1, 2]
+    assert history.history["batch_samples"] == [50.0, 50.0, 20.0]
+    assert all(s.seconds > 0 and s.samples_per_second > 0 for s in summaries)
+    assert kfit.get_clock(model).samples == 120
+    # epochs bounds first when it is reached first
+    model = compiled(mlp())
+    history = kfit.fit(model, x, y, minibatch_size=16, epoch_size=50, max_samples=10_000, epochs=2, verbose=0)
+    assert kfit.get_clock(model).samples == 100 and len(history.epoch_summaries) == 2
+
+
+# -- minibatch-size schedules -------------------------------------------------------------------------
+
+
+def test_cntk_seed_example_minibatch_lr_and_momentum_at_every_step():
+    """Reference 001 section 5, scaled down 64x: sizes [256]*6+[512]*9+[1024]*7+[2048]*8+[4096] over epochs."""
+    n = 64
+    x, y = regression_data(n)
+    sizes = kfit.schedules.minibatch_size([4] * 6 + [8] * 9 + [16] * 7 + [32] * 8 + [64], epoch_size=n)
+    lrs = kfit.schedules.learning_rate_per_sample(
+        [0.001] * 12 + [0.0005] * 6 + [0.00025] * 6 + [0.000125] * 3 + [0.0000625] * 3 + [0.00003125], epoch_size=n)
+    moms = kfit.schedules.momentum_as_time_constant([0] * 5 + [1024], epoch_size=n)
+    model = mlp()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse", metrics=[BatchSamples()])
+    recorder = StepRecorder(names=("learning_rate", "momentum", "minibatch_size"))
+    epochs = 32
+    kfit.fit(model, x, y, minibatch_size=sizes, epoch_size=n, epochs=epochs, seed=3, verbose=0,
+             callbacks=[kfit.callbacks.LearningRateSchedule(lrs), kfit.callbacks.MomentumSchedule(moms), recorder])
+    expected = []
+    samples = 0
+    while samples < epochs * n:
+        b = min(sizes[samples], n - samples % n)
+        mu = 0.0 if moms[samples] == 0 else math.exp(-b / moms[samples])
+        expected.append((b, lrs[samples] * b, mu))
+        samples += b
+    assert len(recorder.rows) == len(expected)
+    for step, (row, (b, lr, mu)) in enumerate(zip(recorder.rows, expected)):
+        assert row["size"] == b, f"step {step}"
+        assert row["minibatch_size"] == b, f"step {step}"
+        assert row["learning_rate"] == pytest.approx(lr, rel=1e-6), f"step {step}"
+        assert row["momentum"] == pytest.approx(mu, rel=1e-6, abs=1e-7), f"step {step}"
+    assert kfit.get_clock(model).samples == epochs * n
+
+
+def test_minibatch_size_schedule_callback_changes_size_mid_epoch():
+    x, y = regression_data(40)
+    model = compiled(mlp(), metrics=[BatchSamples()])
+    recorder = StepRecorder()
+    schedule = kfit.callbacks.MinibatchSizeSchedule(lambda s: 4 if s < 20 else 16)
+    history = kfit.fit(model, x, y, epochs=2, callbacks=[schedule, recorder], verbose=0)
+    # epoch 0: 4,4,4,4,4 (20 samples) then 16, 4 (cut at the epoch end); epoch 1: 16, 16, 8
+    assert [r["size"] for r in recorder.rows] == [4, 4, 4, 4, 4, 16, 4, 16, 16, 8]
+    assert [s.samples for s in history.epoch_summaries] == [40, 40]
+
+
+def test_compiled_train_functions_are_bounded_by_distinct_shapes():
+    x, y = regression_data(64)
+    model = compiled(mlp())
+    traces = []
+    original = model.train_step
+
+    def counting_train_step(*args, **kwargs):
+        traces.append(1)
+        return original(*args, **kwargs)
+
+    model.train_step = counting_train_step
+    sizes = [4, 8, 16, 4, 8, 16, 32]  # per minibatch: sizes repeat
+    steps = 60
+    kfit.fit(model, x, y, minibatch_size=kfit.schedules.minibatch_size(sizes), max_samples=10_000, epoch_size=64,
+             epochs=None, verbose=0, callbacks=[_StopAfter(steps)])
+    train_function = model.train_function
+    distinct_shapes = {4, 8, 16, 32} | {r for r in range(1, 33)}  # epoch-end cuts may add shapes
+    if BACKEND == "torch":
+        # Eager PyTorch compiles nothing: the Python step runs once per minibatch.
+        assert len(traces) == steps
+    else:
+        assert len(traces) <= 8, f"{len(traces)} traces for {steps} steps"
+        assert len(traces) <= len(distinct_shapes)
+    assert model.train_function is train_function
+
+
+class _StopAfter(keras.callbacks.Callback):
+    def __init__(self, steps):
+        super().__init__()
+        self.steps = steps
+        self.seen = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen >= self.steps:
+            self.model.stop_training = True
+
+
+# -- inputs: multi-input/output, h5py -----------------------------------------------------------------
+
+
+def test_multi_input_multi_output_model():
+    rng = np.random.default_rng(0)
+    a_in, b_in = keras.Input((3,), name="a"), keras.Input((2,), name="b")
+    h = keras.layers.Dense(4, activation="relu")(keras.layers.Concatenate()([a_in, b_in]))
+    model = keras.Model({"a": a_in, "b": b_in}, {"out1": keras.layers.Dense(1, name="out1")(h),
+                                                  "out2": keras.layers.Dense(2, name="out2")(h)})
+    model.compile(optimizer="sgd", loss={"out1": "mse", "out2": "mse"})
+    x = {"a": rng.normal(size=(30, 3)).astype("float32"), "b": rng.normal(size=(30, 2)).astype("float32")}
+    y = {"out1": rng.normal(size=(30, 1)).astype("float32"), "out2": rng.normal(size=(30, 2)).astype("float32")}
+    before = weights(model)
+    history = kfit.fit(model, x, y, minibatch_size=8, max_samples=70, verbose=0)
+    assert kfit.get_clock(model).samples == 70
+    assert [s.samples for s in history.epoch_summaries] == [30, 30, 10]
+    assert any(not np.array_equal(a, b) for a, b in zip(before, weights(model)))
+
+
+def test_h5py_training_equals_in_memory_training(tmp_path):
+    x, y = regression_data(40)
+    path = tmp_path / "train.h5"
+    with h5py.File(path, "w") as f:
+        f["x"], f["y"] = x, y
+    a = compiled(mlp())
+    kfit.fit(a, x, y, minibatch_size=8, epochs=2, seed=4, verbose=0)
+    b = compiled(mlp())
+    with h5py.File(path, "r") as f:
+        kfit.fit(b, f["x"], f["y"], minibatch_size=8, epochs=2, seed=4, verbose=0)
+    assert_same_weights(a, b)
+
+
+# -- bad input ----------------------------------------------------------------------------------------
+
+
+def test_bad_input_raises_clear_errors(tmp_path):
+    x, y = regression_data(20)
+    model = compiled(mlp())
+    with pytest.raises(ValueError, match=r"x: 20.*y: 19"):
+        kfit.fit(model, x, y[:19], minibatch_size=4, seed=0, verbose=0)
+    with pytest.raises(ValueError, match=r"sample_weight: 5"):
+        kfit.fit(model, x, y, sample_weight=np.ones(5), minibatch_size=4, seed=0, verbose=0)
+    with pytest.raises(ValueError, match="empty"):
+        kfit.fit(model, x[:0], y[:0], minibatch_size=4, seed=0, verbose=0)
+    with pytest.raises(ValueError, match="`minibatch_size`"):
+        kfit.fit(model, x, y, minibatch_size=0, seed=0, verbose=0)
+    with pytest.raises(ValueError, match="`epoch_size`"):
+        kfit.fit(model, x, y, minibatch_size=4, epoch_size=0, verbose=0)
+    with pytest.raises(ValueError, match="`max_samples`"):
+        kfit.fit(model, x, y, minibatch_size=4, max_samples=-3, verbose=0)
+    with pytest.raises(ValueError, match="aliases"):
+        kfit.fit(model, x, y, batch_size=4, minibatch_size=8, verbose=0)
+    with pytest.raises(ValueError, match="`seed`"):
+        kfit.fit(model, x, y, minibatch_size=4, seed=-1, verbose=0)
+    with pytest.raises(ValueError, match=r"kfit.schedules.minibatch_size"):
+        kfit.fit(model, x, y, minibatch_size=kfit.schedules.learning_rate_per_sample(0.1), verbose=0)
+    path = tmp_path / "small.h5"
+    with h5py.File(path, "w") as f:
+        f["x"], f["y"] = x, y
+    with h5py.File(path, "r") as f:
+        with pytest.raises(ValueError, match="h5py dataset holds only 20 samples"):
+            kfit.fit(model, f["x"], f["y"], minibatch_size=32, epoch_size=64, verbose=0)
+
+
+def test_minibatch_size_schedule_needs_kfit_fit():
+    x, y = regression_data(20)
+    model = compiled(mlp())
+    with pytest.raises(RuntimeError, match="needs kfit.fit"):
+        model.fit(x, y, batch_size=4, verbose=0, callbacks=[
+            kfit.callbacks.SampleClock(batch_size=4, num_samples=20), kfit.callbacks.MinibatchSizeSchedule([4, 8])])
