@@ -36,30 +36,22 @@ def _variable_index(variables: list, variable: Any) -> int | None:
     return None
 
 
+RUNNER_ATTRIBUTE = "_kfit_runner"
+
+
 def set_variable(model: Any, variable: Any, value: Any) -> None:
     """Assigns ``value`` to a model or optimizer ``variable`` during training.
 
-    On TensorFlow and PyTorch this is ``variable.assign``. On JAX, inside a fit loop (Keras's or kfit's),
-    the step reads the state held by the loop: the new value is written there directly (one array) when
-    the loop holds it, instead of syncing every variable of the model back and forth.
+    On TensorFlow and PyTorch this is ``variable.assign``. On JAX the fit loop holds the state outside
+    the Keras variables: inside kfit's loop the new value is written into the held state directly (one
+    array, no sync); inside Keras's own ``model.fit`` loop the state is synced into the variables first,
+    and Keras re-reads it before the next step.
     """
     if BACKEND == "jax":
-        state = getattr(model, "_jax_state", None)
-        if state and not getattr(model, "_jax_state_synced", True):
-            for group, variables in (
-                ("optimizer_variables", lambda: model.optimizer.variables),
-                ("non_trainable_variables", lambda: model.non_trainable_variables),
-            ):
-                held = state.get(group)
-                if held is None:
-                    continue
-                index = _variable_index(variables(), variable)
-                if index is not None and isinstance(held, list) and index < len(held):
-                    import jax.numpy as jnp
-
-                    held[index] = jnp.asarray(value, dtype=held[index].dtype)
-                    return
-            # Not found in the loop's state: fall back to a full sync, then a plain assign.
+        runner = getattr(model, RUNNER_ATTRIBUTE, None)
+        if runner is not None and runner.patch(variable, value):
+            return
+        if getattr(model, "_jax_state", None) and not getattr(model, "_jax_state_synced", True):
             model.jax_state_sync()
     variable.assign(value)
 
@@ -67,17 +59,11 @@ def set_variable(model: Any, variable: Any, value: Any) -> None:
 def read_variable(model: Any, variable: Any) -> np.ndarray:
     """Reads a variable's current value during training (see :func:`set_variable`)."""
     if BACKEND == "jax":
-        state = getattr(model, "_jax_state", None)
-        if state and not getattr(model, "_jax_state_synced", True):
-            for group, variables in (
-                ("optimizer_variables", lambda: model.optimizer.variables),
-                ("non_trainable_variables", lambda: model.non_trainable_variables),
-            ):
-                held = state.get(group)
-                index = None if held is None else _variable_index(variables(), variable)
-                if index is not None and index < len(held):
-                    return np.asarray(held[index])
-            model.jax_state_sync()
+        runner = getattr(model, RUNNER_ATTRIBUTE, None)
+        held = runner.read(variable) if runner is not None else None
+        if held is not None:
+            return held
+        sync_model(model)
     return keras.ops.convert_to_numpy(variable.value)
 
 
@@ -98,14 +84,50 @@ class StepRunner:
     def __init__(self, model: Any):
         self.model = model
         self._state = None
+        if BACKEND == "jax":
+            object.__setattr__(model, RUNNER_ATTRIBUTE, self)
+
+    def _held(self, variable: Any) -> tuple[int, int] | None:
+        """Where ``variable`` sits in the held JAX state: (group, index), or None."""
+        if self._state is None or self.model._jax_state_synced:
+            return None
+        groups = (self.model.trainable_variables, self.model.non_trainable_variables,
+                  self.model.optimizer.variables, self.model.metrics_variables)
+        for g, variables in ((2, groups[2]), (1, groups[1]), (0, groups[0]), (3, groups[3])):
+            index = _variable_index(variables, variable)
+            if index is not None:
+                return g, index
+        return None
+
+    def patch(self, variable: Any, value: Any) -> bool:
+        """Writes ``value`` into the held state (JAX); False when the variables are current instead."""
+        where = self._held(variable)
+        if where is None:
+            return False
+        import jax.numpy as jnp
+
+        g, index = where
+        new = jnp.asarray(value, dtype=self._state[g][index].dtype)
+        self._state[g][index] = new
+        # Keep the copy a callback would sync from (model.jax_state_sync) in step with it.
+        names = ("trainable_variables", "non_trainable_variables", "optimizer_variables", "metrics_variables")
+        shown = getattr(self.model, "_jax_state", None)
+        if shown and shown.get(names[g]) is not None:
+            shown[names[g]][index] = new
+        return True
+
+    def read(self, variable: Any) -> np.ndarray | None:
+        where = self._held(variable)
+        return None if where is None else np.asarray(self._state[where[0]][where[1]])
 
     def build(self, batch: Any) -> None:
         """Builds the model, its metrics and its optimizer from one batch, without training on it."""
         model = self.model
         if BACKEND == "tensorflow":
             model._maybe_symbolic_build(data_batch=batch)
-        else:
-            model._symbolic_build(data_batch=batch)
+        # On TensorFlow too: Keras would build the compile metrics only when tracing the first step, and a
+        # checkpoint restored at on_train_begin must find their variables (a mid-epoch resume restores them).
+        model._symbolic_build(data_batch=batch)
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
         model.make_train_function()
@@ -127,8 +149,10 @@ class StepRunner:
                     metrics_variables=True,
                     purge_model_variables=True,
                 )
+                self._state = tuple(list(group) for group in self._state)
                 model._jax_state_synced = False
-            logs, self._state = model.train_function(self._state, iter([batch]))
+            logs, state = model.train_function(self._state, iter([batch]))
+            self._state = tuple(list(group) for group in state)
             trainable, non_trainable, optimizer_vars, metrics_vars = self._state
             model._jax_state = {
                 "trainable_variables": trainable,
@@ -149,13 +173,4 @@ class StepRunner:
         if BACKEND == "jax":
             self.model._jax_state = None
             self._state = None
-
-    def count_compiled(self) -> int | None:
-        """How many compiled versions of the train step exist (None on eager PyTorch)."""
-        fn = self.model.train_function
-        if BACKEND == "jax":
-            inner = getattr(fn, "__wrapped__", None)
-            for candidate in (fn, inner):
-                if candidate is not None and hasattr(candidate, "_cache_size"):
-                    return candidate._cache_size()
-        return None
+            object.__setattr__(self.model, RUNNER_ATTRIBUTE, None)

@@ -1,0 +1,172 @@
+"""LearningRateSchedule, MomentumSchedule and SampleClock: the values at every step, in kfit.fit and model.fit."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+from helpers import BatchSamples, StepRecorder, mlp, regression_data, weights
+from reference_momentum_sgd import MomentumSGDReference
+
+import kfit
+from conftest import BACKEND
+
+
+def linear_model(features=4, seed=2):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((features,)), keras.layers.Dense(1)])
+
+
+def test_values_at_every_step_of_a_plain_model_fit():
+    """Under plain model.fit a SampleClock tells the callbacks each step's size, the last short one included."""
+    x, y = regression_data(50)
+    model = mlp()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse", metrics=[BatchSamples()])
+    lr = kfit.schedules.learning_rate_per_sample([0.01, 0.005], epoch_size=50)
+    tau = kfit.schedules.momentum_as_time_constant([0, 64], epoch_size=50)
+    recorder = StepRecorder(names=("learning_rate", "momentum"))
+    history = model.fit(
+        x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+        callbacks=[kfit.callbacks.LearningRateSchedule(lr), kfit.callbacks.MomentumSchedule(tau), recorder,
+                   kfit.callbacks.SampleClock(batch_size=16, num_samples=50)],
+    )
+    sizes = [16, 16, 16, 2] * 2
+    assert [r["size"] for r in recorder.rows] == sizes
+    samples = 0
+    for row, size in zip(recorder.rows, sizes):
+        assert row["learning_rate"] == pytest.approx(lr[samples] * size, rel=1e-6)
+        expected_mu = 0.0 if tau[samples] == 0 else math.exp(-size / tau[samples])
+        assert row["momentum"] == pytest.approx(expected_mu, rel=1e-6, abs=1e-7)
+        samples += size
+    assert kfit.get_clock(model).samples == 100
+    # The epoch logs carry the values applied to the epoch's last minibatch.
+    assert history.history["lr"] == pytest.approx([0.01 * 2, 0.005 * 2], rel=1e-6)
+    assert history.history["momentum"] == pytest.approx([0.0, math.exp(-2 / 64)], rel=1e-6)
+
+
+def test_kfit_fit_matches_the_numpy_reference_through_changes_of_rate_momentum_and_size():
+    """Rate, momentum and minibatch size all change mid-epoch; CNTK's update, exactly as SPEC section 2 writes it."""
+    x, y = regression_data(30, seed=4)
+    model = linear_model()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    reference = MomentumSGDReference(weights(model))
+    sizes = kfit.schedules.minibatch_size(lambda s: 4 if s < 20 else (8 if s < 50 else 6))
+    lrs = kfit.schedules.learning_rate_per_sample(lambda s: 0.01 if s < 36 else 0.004)
+    taus = kfit.schedules.momentum_as_time_constant(lambda s: 0.0 if s < 12 else (40.0 if s < 70 else 10.0))
+    kfit.fit(model, x, y, minibatch_size=sizes, max_samples=90, shuffle=False, verbose=0,
+             callbacks=[kfit.callbacks.LearningRateSchedule(lrs), kfit.callbacks.MomentumSchedule(taus)])
+    samples = 0
+    while samples < 90:
+        size = min(sizes[samples], 30 - samples % 30, 90 - samples)
+        idx = np.arange(samples, samples + size) % 30
+        mu = 0.0 if taus[samples] == 0 else math.exp(-size / taus[samples])
+        expected = reference.step(x[idx], y[idx], learning_rate=lrs[samples] * size, momentum=mu)
+        samples += size
+    for got, want in zip(weights(model), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_plain_model_fit_with_schedule_callbacks_trains_like_kfit_fit():
+    """The same schedules under Keras's own loop (no callback reading the model) and under kfit's loop."""
+    x, y = regression_data(48, seed=3)
+    results = []
+    for use_kfit in (False, True):
+        model = linear_model()
+        model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+        callbacks = [kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(lambda s: 0.002 + 1e-5 * s)),
+                     kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant(lambda s: 5.0 + s))]
+        if use_kfit:
+            kfit.fit(model, x, y, minibatch_size=8, epochs=2, shuffle=False, seed=0, verbose=0, callbacks=callbacks)
+        else:
+            model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+                      callbacks=[kfit.callbacks.SampleClock(batch_size=8, num_samples=48)] + callbacks)
+        results.append(weights(model))
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_per_sample_rate_means_the_same_at_any_minibatch_size():
+    """One epoch with lr_s at minibatch 1 and the same data in one minibatch of 8: the summed-gradient update."""
+    x, y = regression_data(8, seed=6)
+    lr = kfit.schedules.learning_rate_per_sample(0.002)
+    results = []
+    for size in (8, 4):
+        model = linear_model()
+        model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+        kfit.fit(model, x, y, minibatch_size=size, epochs=1, shuffle=False, verbose=0,
+                 callbacks=[kfit.callbacks.LearningRateSchedule(lr)])
+        results.append(weights(model))
+        reference = MomentumSGDReference(weights(linear_model()))
+        for start in range(0, 8, size):
+            want = reference.step(x[start:start + size], y[start:start + size], learning_rate=0.002 * size, momentum=0.0)
+        for got, expected in zip(weights(model), want):
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_reset_learning_rate_mid_run_and_its_state():
+    x, y = regression_data(40)
+    model = mlp()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    lr = kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(0.01))
+
+    class HalveAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if kfit.get_clock(self.model).samples == 16:
+                lr.reset_learning_rate(lr.learning_rate() / 2)
+
+    recorder = StepRecorder()
+    kfit.fit(model, x, y, minibatch_size=8, max_samples=40, verbose=0, callbacks=[lr, HalveAt(), recorder])
+    assert [r["learning_rate"] for r in recorder.rows] == pytest.approx([0.08, 0.08, 0.04, 0.04, 0.04])
+    assert lr.learning_rate() == pytest.approx(0.005)
+    state = lr.get_state()
+    fresh = kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(0.01))
+    fresh.set_state(state)
+    assert fresh.active_schedule(16)[0].value(0) == pytest.approx(0.005)
+    assert fresh.active_schedule(15)[0].value(0) == pytest.approx(0.01)
+
+
+def test_hyperparameters_a_keras_optimizer_compiles_in_are_refused():
+    x, y = regression_data(16)
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss="mse")
+    with pytest.raises(ValueError, match="MomentumSGD"):
+        kfit.fit(model, x, y, minibatch_size=4, seed=0, verbose=0,
+                 callbacks=[kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant(100))])
+    with pytest.raises(ValueError, match="`schedule`.*momentum"):
+        kfit.callbacks.LearningRateSchedule(kfit.schedules.momentum_as_time_constant(100))
+
+
+def test_callbacks_without_a_clock_say_how_to_fix_it():
+    x, y = regression_data(16)
+    model = mlp()
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(RuntimeError, match="SampleClock"):
+        model.fit(x, y, batch_size=4, verbose=0,
+                  callbacks=[kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(0.01))])
+    with pytest.raises(ValueError, match="expects 4 steps per epoch, but model.fit runs 2"):
+        model.fit(x, y, batch_size=8, verbose=0, callbacks=[kfit.callbacks.SampleClock(batch_size=4, num_samples=16)])
+    with pytest.raises(ValueError, match="`batch_size`"):
+        kfit.callbacks.SampleClock(batch_size=0)
+
+
+def test_per_step_hyperparameter_changes_do_not_sync_the_jax_state():
+    """On JAX a schedule writes into the state the loop holds: no full state sync per step."""
+    x, y = regression_data(64)
+    model = mlp()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    syncs = []
+    if BACKEND == "jax":
+        original = model.jax_state_sync
+        model.jax_state_sync = lambda: (syncs.append(1), original())[1]
+    recorder_lr = kfit.schedules.learning_rate_per_sample(lambda s: 0.001 * (1 + s % 5))  # changes every step
+    kfit.fit(model, x, y, minibatch_size=4, epochs=2, seed=1, verbose=0,
+             callbacks=[kfit.callbacks.LearningRateSchedule(recorder_lr),
+                        kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant(lambda s: 10.0 + s))])
+    steps = 32
+    if BACKEND == "jax":
+        assert len(syncs) < steps / 4, f"{len(syncs)} state syncs for {steps} steps"
+    # Whatever the backend, the last step used the scheduled values.
+    last_samples = 124
+    optimizer = model.optimizer
+    assert float(optimizer.learning_rate.numpy()) == pytest.approx(recorder_lr[last_samples] * 4, rel=1e-6)
+    assert float(optimizer.momentum.numpy()) == pytest.approx(math.exp(-4 / (10.0 + last_samples)), rel=1e-6)
