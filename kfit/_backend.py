@@ -20,10 +20,11 @@ BACKEND = keras.backend.backend()
 
 
 def to_tensors(batch: Any) -> Any:
-    """Converts a (nested) batch of NumPy arrays to the backend's tensors."""
+    """Converts a (nested) batch of NumPy arrays to the backend's tensors (safe on a reader thread)."""
     if BACKEND == "jax":
-        # jax.jit takes NumPy arrays directly; converting first would only add a copy.
-        return batch
+        import jax
+
+        return jax.tree_util.tree_map(jax.device_put, batch)
     return keras.tree.map_structure(
         lambda a: None if a is None else keras.ops.convert_to_tensor(a), batch
     )

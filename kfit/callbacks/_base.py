@@ -17,6 +17,22 @@ NO_CLOCK_MESSAGE = (
 )
 
 
+def _flushing(hook: Any) -> Any:
+    """Wraps an epoch/train hook so that, under plain model.fit, the clock has counted the last step."""
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        clock = get_clock(getattr(self, "_model", None)) if getattr(self, "_model", None) is not None else None
+        if clock is not None and clock.driver is not None:
+            clock.driver.flush(clock)
+        return hook(self, *args, **kwargs)
+
+    wrapper._kfit_flushes = True
+    wrapper.__name__ = getattr(hook, "__name__", "hook")
+    wrapper.__doc__ = getattr(hook, "__doc__", None)
+    wrapper.__wrapped__ = hook
+    return wrapper
+
+
 class KfitCallback(keras.callbacks.Callback):
     """A Keras callback that follows kfit's sample clock and has a state.
 
@@ -86,14 +102,25 @@ class KfitCallback(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         clock = self.clock
         if clock.driver is not None:
-            clock.driver.batch_begin(clock)
+            clock.driver.batch_begin(clock, batch)
         self.on_step_begin(clock)
 
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+    def _dispatch_step_end(self, batch: int, logs: dict | None = None) -> None:
         clock = self.clock
         if clock.driver is not None:
             clock.driver.batch_end(clock)
         self.on_step_end(clock, logs)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Only callbacks that act after each step get a batch-end hook: Keras calls batch-end hooks
+        # synchronously, converting the logs (a device sync on every step), when any callback has one.
+        super().__init_subclass__(**kwargs)
+        if "on_step_end" in cls.__dict__ and "on_train_batch_end" not in cls.__dict__:
+            cls.on_train_batch_end = KfitCallback._dispatch_step_end
+        # Under plain model.fit the clock counts a finished step at the next hook that reads it.
+        for hook in ("on_epoch_begin", "on_epoch_end", "on_train_end"):
+            if hook in cls.__dict__ and not getattr(cls.__dict__[hook], "_kfit_flushes", False):
+                setattr(cls, hook, _flushing(cls.__dict__[hook]))
 
     def on_step_begin(self, clock: Clock) -> None:
         """Called before each training step."""

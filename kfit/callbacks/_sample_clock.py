@@ -33,11 +33,14 @@ class _FitDriver:
         self.batch_size = batch_size
         self.num_samples = num_samples
         self.pending: int | None = None
+        self.pending_batch: int | None = None
         self.applied: int | None = None
 
-    def batch_begin(self, clock: Clock) -> None:
+    def batch_begin(self, clock: Clock, batch: int) -> None:
         if self.pending is not None:
-            return
+            if self.pending_batch == batch:
+                return  # another kfit callback already planned this step
+            self.flush(clock)  # the previous step finished and no batch-end hook counted it
         size = self.batch_size
         if self.num_samples is not None and clock.epoch_size:
             size = min(size, clock.epoch_end() - clock.samples)
@@ -45,12 +48,18 @@ class _FitDriver:
         apply_minibatch_size(self.model, size, self.applied)
         self.applied = size
         self.pending = size
+        self.pending_batch = batch
 
     def batch_end(self, clock: Clock) -> None:
+        self.flush(clock)
+
+    def flush(self, clock: Clock) -> None:
+        """Counts the step in progress, once."""
         if self.pending is None:
             return
         clock.advance(self.pending)
         self.pending = None
+        self.pending_batch = None
 
 
 class SampleClock(KfitCallback):
@@ -105,6 +114,9 @@ class SampleClock(KfitCallback):
             clock.epoch_size = self.num_samples
         elif steps:
             clock.epoch_size = steps * self.batch_size
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """Counts the epoch's last step (the flush happens in the hook wrapper)."""
 
     def on_train_end(self, logs: dict | None = None) -> None:
         clock = get_clock(self._model)

@@ -1,32 +1,185 @@
-"""Data-parallel training over Horovod (see the README's Horovod section).
+"""Data-parallel training over Horovod, on TensorFlow, JAX and PyTorch.
 
-Without ``horovodrun`` a script is one worker: ``rank() == 0`` and ``size() == 1``.
+Run the same script as several workers with ``horovodrun``::
+
+    horovodrun -np 2 -H localhost:2 python train.py              # one machine, two workers
+    horovodrun -np 8 -H host1:4,host2:4 python train.py          # two machines, four workers each
+
+and :func:`kfit.fit` trains data-parallel: each worker reads its own share of every global minibatch,
+the gradients are averaged with Horovod's allreduce in every step, rank 0's initial state is broadcast,
+the epoch metrics are averaged (weighted by samples), only rank 0 writes files, and a stop decided on
+any worker ends training on all of them after the same step. Without ``horovodrun`` the same script is
+one worker (``rank() == 0``, ``size() == 1``) and Horovod is not imported.
+
+For plain ``model.fit``, this module ports Horovod's Keras API to Keras 3 under the same names:
+:func:`DistributedOptimizer`, :class:`BroadcastGlobalVariablesCallback`, :class:`MetricAverageCallback`,
+:class:`LearningRateWarmupCallback`, so a Horovod-Keras script ports by changing its imports
+(``import kfit.distributed as hvd``).
+
+Example:
+    >>> import kfit
+    >>> kfit.distributed.init()          # optional: kfit initializes Horovod when it first needs it
+    >>> kfit.distributed.rank(), kfit.distributed.size(), kfit.distributed.is_chief()
+    (0, 1, True)
 """
 
 from __future__ import annotations
 
-_state = {"initialized": False, "rank": 0, "size": 1}
+import importlib
+from typing import Any
+
+from kfit.distributed import _horovod
+from kfit.distributed._optimizer import Average, Compression, DistributedOptimizer, Sum, is_distributed
+
+
+def init() -> None:
+    """Initializes Horovod when this process runs under ``horovodrun``; does nothing otherwise.
+
+    Calling it is optional (kfit initializes Horovod on first use), but a Horovod script calls
+    ``hvd.init()`` first, and the ported one may keep the call.
+
+    Raises:
+        ImportError: under ``horovodrun`` without Horovod installed (run ``bash scripts/install_horovod.sh``).
+    """
+    if _horovod.launched():
+        _horovod.plugin()
+
+
+def _active() -> bool:
+    return _horovod.initialized() or _horovod.launched()
 
 
 def rank() -> int:
-    """This worker's rank (0 without Horovod)."""
-    return _state["rank"]
+    """This worker's rank, 0 to ``size() - 1`` (0 without ``horovodrun``)."""
+    return int(_horovod.plugin().rank()) if _active() else 0
 
 
 def size() -> int:
-    """The number of workers (1 without Horovod)."""
-    return _state["size"]
+    """The number of workers (1 without ``horovodrun``)."""
+    return int(_horovod.plugin().size()) if _active() else 1
+
+
+def local_rank() -> int:
+    """This worker's rank among the workers of its machine (0 without ``horovodrun``)."""
+    return int(_horovod.plugin().local_rank()) if _active() else 0
+
+
+def local_size() -> int:
+    """The number of workers on this machine (1 without ``horovodrun``)."""
+    return int(_horovod.plugin().local_size()) if _active() else 1
 
 
 def is_chief() -> bool:
-    """True on the worker that writes files (rank 0)."""
+    """True on the worker that writes checkpoints, logs and TensorBoard files (rank 0)."""
     return rank() == 0
 
 
 def any_true(flag: bool) -> bool:
-    """True on every worker when ``flag`` is True on any worker (one small allreduce under Horovod)."""
-    return bool(flag)
+    """True on every worker when ``flag`` is True on any worker.
+
+    One allreduce of one integer under Horovod (every worker must call it); ``bool(flag)`` for one worker.
+    ``kfit.fit`` calls it after every step with ``model.stop_training``, so that a stop decided on one
+    worker (cross-validation, early stopping, a user's callback) ends training on all of them after the
+    same step, and no worker is left waiting in an allreduce alone.
+
+    Example:
+        >>> kfit.distributed.any_true(False)
+        False
+    """
+    if size() == 1:
+        return bool(flag)
+    from kfit.distributed import _state
+
+    return _state.any_true(flag)
 
 
-def broadcast_training_state(model) -> None:
-    """Makes every worker hold rank 0's model and optimizer state (a no-op for one worker)."""
+def broadcast_training_state(model: Any, root_rank: int = 0) -> None:
+    """Makes every worker hold rank ``root_rank``'s state (a no-op for one worker).
+
+    The model's variables (weights, non-trainable state, seed generators) and its optimizer's travel bit
+    for bit in one broadcast; the sample clock and the stream position follow. ``kfit.fit`` calls it after
+    ``on_train_begin`` (after a checkpoint is restored), before the first step.
+
+    Args:
+        model: a built, compiled Keras model.
+        root_rank: the worker whose state is kept.
+
+    Raises:
+        ValueError: ``root_rank`` is not a rank.
+        RuntimeError: the workers' models and optimizers differ in size.
+    """
+    _check_rank(root_rank)
+    if size() == 1:
+        return
+    from kfit.distributed import _state
+
+    _state.broadcast_training_state(model, root_rank)
+
+
+def prepare_model(model: Any) -> None:
+    """Prepares a compiled model for ``kfit.fit``'s data-parallel steps (a no-op for one worker).
+
+    Makes its optimizer a :func:`DistributedOptimizer` and its train step tell the allreduce how many
+    samples the worker's share holds. ``kfit.fit`` calls it before building the train step.
+    """
+    if size() == 1:
+        return
+    from kfit.distributed import _optimizer
+
+    _optimizer.prepare_model(model)
+
+
+def average_metrics(logs: dict, model: Any) -> dict:
+    """The epoch's training ``logs``, averaged over the workers weighted by their samples.
+
+    Each worker's weight is the number of samples it trained on since the metrics were reset (its loss
+    tracker's count), so a mean metric equals the one a single worker would compute on all the samples.
+    Returns ``logs`` unchanged for one worker.
+    """
+    if size() == 1:
+        return dict(logs)
+    from kfit.distributed import _state
+
+    return _state.average_metrics(logs, model)
+
+
+def _check_rank(root_rank: Any) -> None:
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int) or not 0 <= root_rank < size():
+        raise ValueError(
+            f"Invalid value for argument `root_rank`: expected an integer in [0, {size()}). Received: root_rank={root_rank!r}"
+        )
+
+
+_LAZY = {
+    "BroadcastGlobalVariablesCallback": "kfit.distributed._callbacks",
+    "MetricAverageCallback": "kfit.distributed._callbacks",
+    "LearningRateWarmupCallback": "kfit.distributed._callbacks",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'kfit.distributed' has no attribute {name!r}")
+
+
+__all__ = [
+    "Average",
+    "BroadcastGlobalVariablesCallback",
+    "Compression",
+    "DistributedOptimizer",
+    "LearningRateWarmupCallback",
+    "MetricAverageCallback",
+    "Sum",
+    "any_true",
+    "average_metrics",
+    "broadcast_training_state",
+    "init",
+    "is_chief",
+    "is_distributed",
+    "local_rank",
+    "local_size",
+    "prepare_model",
+    "rank",
+    "size",
+]

@@ -266,6 +266,41 @@ def _fit_with_model_fit(model, x, y, batch_size, epochs, verbose, callbacks, val
     return history
 
 
+class _BatchHooks:
+    """Calls the per-step hooks of a run's callbacks without forcing a device sync at every step.
+
+    ``keras.callbacks.CallbackList`` converts the step's logs to Python floats before calling any
+    callback that overrides a batch hook, which blocks on the device at every step. kfit's callbacks
+    take the logs as they are (and convert only when they print or write); other callbacks that
+    override a batch hook get Python floats, converted once per step, as in ``model.fit``.
+    """
+
+    def __init__(self, callbacks: list):
+        from keras.src.utils.python_utils import pythonify_logs
+
+        self._pythonify = pythonify_logs
+        self.begin = [c for c in callbacks if self._overrides(c, "on_train_batch_begin")]
+        self.end = [c for c in callbacks if self._overrides(c, "on_train_batch_end")]
+
+    @staticmethod
+    def _overrides(callback: Any, hook: str) -> bool:
+        return getattr(type(callback), hook) is not getattr(keras.callbacks.Callback, hook)
+
+    def on_train_batch_begin(self, step: int) -> None:
+        for callback in self.begin:
+            callback.on_train_batch_begin(step, {})
+
+    def on_train_batch_end(self, step: int, logs: dict) -> None:
+        converted = None
+        for callback in self.end:
+            if isinstance(callback, KfitCallback):
+                callback.on_train_batch_end(step, logs)
+            else:
+                if converted is None:
+                    converted = self._pythonify(logs)
+                callback.on_train_batch_end(step, converted)
+
+
 class _StreamFit:
     """One run of kfit's own training loop (see :func:`fit`)."""
 
@@ -304,6 +339,8 @@ class _StreamFit:
         self.stop_at = min(stops)
         self.prefetch = prefetch
         self.verbose = 1 if verbose == "auto" else verbose
+        if not distributed.is_chief():
+            self.verbose = 0  # only rank 0 prints progress
         self.clock = attach_clock(model, Clock(samples=initial_epoch * self.epoch_size, epoch_size=self.epoch_size))
         self.history = keras.callbacks.History()
         self.summaries = EpochSummaries(self.history)
@@ -318,10 +355,11 @@ class _StreamFit:
 
     # -- data ------------------------------------------------------------------------------------
     def read(self, start: int, size: int) -> tuple:
+        """The minibatch at ``(start, size)`` as backend tensors (runs on the prefetch thread)."""
         x, y, sample_weight = self.stream.read(start, size)
         if self.class_weight is not None:
             sample_weight = _class_weights(y, self.class_weight)
-        return x, y, sample_weight
+        return _backend.to_tensors((x, y, sample_weight))
 
     def _steps_in_epoch(self) -> int | None:
         if self.fixed_size is None:
@@ -343,13 +381,15 @@ class _StreamFit:
             model=model,
         )
         prefetcher = None
+        from kfit import distributed
+
         try:
             first = self.read(clock.samples % max(self.stream.num_samples, 1), self._first_size())
-            self.runner.build(_backend.to_tensors(first))
+            if self.distributed:
+                distributed.prepare_model(model)
+            self.runner.build(first)
             model.stop_training = False
             callback_list.on_train_begin()
-            from kfit import distributed
-
             if self.distributed:
                 distributed.broadcast_training_state(model)
             self.stream.position = clock.samples
@@ -358,7 +398,7 @@ class _StreamFit:
                 _plan.plan(clock.samples, clock.minibatches, self.size_at, self.epoch_size, self.stop_at),
                 depth=self.prefetch,
             )
-            logs = self._train(callback_list, prefetcher)
+            logs = self._train(callback_list, _BatchHooks(callback_list.callbacks), prefetcher)
             callback_list.on_train_end(logs)
         finally:
             if prefetcher is not None:
@@ -372,7 +412,7 @@ class _StreamFit:
         size = _plan.next_minibatch(self.clock.samples, self.clock.minibatches, self.size_at, self.epoch_size, self.stop_at)
         return max(size, self.stream.num_workers)
 
-    def _train(self, callback_list: Any, prefetcher: Prefetcher) -> dict:
+    def _train(self, callback_list: Any, batch_hooks: _BatchHooks, prefetcher: Prefetcher) -> dict:
         from kfit import distributed
         model, clock, runner = self.model, self.clock, self.runner
         applied_size = None
@@ -393,12 +433,11 @@ class _StreamFit:
                 clock.minibatch_size = size
                 apply_minibatch_size(model, size, applied_size)
                 applied_size = size
-                callback_list.on_train_batch_begin(step)
-                batch = prefetcher.get(clock.samples, size)
-                logs = runner.step(_backend.to_tensors(batch))
+                batch_hooks.on_train_batch_begin(step)
+                logs = runner.step(prefetcher.get(clock.samples, size))
                 clock.advance(size)
                 self.stream.position = clock.samples
-                callback_list.on_train_batch_end(step, logs)
+                batch_hooks.on_train_batch_end(step, logs)
                 step += 1
                 if self.distributed:
                     # A stop decided on any worker (cross-validation, early stopping, a user's callback)
@@ -408,6 +447,8 @@ class _StreamFit:
                     break
             runner.sync()
             epoch_logs = _pythonify(model.get_metrics_result())
+            if self.distributed:
+                epoch_logs = distributed.average_metrics(epoch_logs, model)
             if self.validation_data is not None and _should_validate(epoch, self.validation_freq):
                 epoch_logs.update(self._validate(applied_size))
             callback_list.on_epoch_end(epoch, epoch_logs)

@@ -1,0 +1,345 @@
+"""Full-state checkpoints on the sample clock, restored at the start of training (CNTK's ``CheckpointConfig``)."""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+from kfit.callbacks._base import PEERS_ATTRIBUTE, KfitCallback
+from kfit.checkpoint import CheckpointInfo, _format, _info, _state
+from kfit.checkpoint._format import CheckpointCorruptError, CheckpointError
+from kfit.clock import Clock, get_clock
+from kfit.training._context import get_context
+
+MODEL_FIT_NOTE = (
+    "Checkpoint under plain model.fit: the weights, optimizer, metrics, clock and callback states are "
+    "restored, and training goes on from the start of epoch {epoch} (Keras's BackupAndRestore does the same). "
+    "model.fit cannot start in the middle of an epoch and shuffles with its own random state, so the run is "
+    "not bit-identical to one that was never interrupted. Train with kfit.fit(model, ...) for an exact "
+    "resume, also in the middle of an epoch."
+)
+
+
+class _BackgroundWriter:
+    """Runs one write at a time on a (non-daemon) thread; a failed write's error is raised by :meth:`wait`."""
+
+    _all: weakref.WeakSet = weakref.WeakSet()
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        _BackgroundWriter._all.add(self)
+
+    def submit(self, job: Callable[[], Any]) -> None:
+        self.wait()
+        self._thread = threading.Thread(target=self._run, args=(job,), name="kfit-checkpoint-writer")
+        self._thread.start()
+
+    def _run(self, job: Callable[[], Any]) -> None:
+        try:
+            job()
+        except BaseException as error:  # raised on the training thread by wait()
+            self._error = error
+
+    def wait(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    @classmethod
+    def wait_all(cls) -> None:
+        """At exit: let every pending write finish (a failed one is reported on stderr)."""
+        for writer in list(cls._all):
+            try:
+                writer.wait()
+            except BaseException as error:
+                print(f"kfit: a checkpoint write failed: {error}", file=sys.stderr)
+
+
+atexit.register(_BackgroundWriter.wait_all)
+
+
+def _check_count(name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"Invalid value for argument `{name}`: expected a positive integer or None. Received: {name}={value!r}")
+
+
+class Checkpoint(KfitCallback):
+    """Saves the whole training state every ``frequency`` samples and resumes from it exactly.
+
+    A checkpoint holds the model's variables (with seed-generator state), the optimizer's variables, the
+    metric variables, the clock, the data stream's position and seed, the state of every callback that has
+    ``get_state`` (kfit callbacks under their ``name``), the history and the global random states. With
+    ``restore=True``, ``kfit.fit`` starts from the newest intact checkpoint: the next minibatch is the one the
+    interrupted run would have drawn, and the run ends bit-identical to one that was never interrupted
+    (same backend and machine), also when the checkpoint was taken mid-epoch or the minibatch size changes
+    after it. A damaged newest file is reported with a warning and the previous intact one is used.
+
+    Files: ``path`` holds the newest checkpoint; with ``preserve_all`` or ``keep > 1`` each is also kept as
+    ``path.<samples>``. Each file is written beside the target, fsynced, verified and renamed over it, so a
+    crash never leaves a half-written checkpoint under those names. Only the chief worker writes.
+
+    A checkpoint is taken when the clock crosses a multiple of ``frequency`` samples (when that step ends an
+    epoch, at the epoch's end, after its history and validation), or every ``epochs`` epochs, and once at
+    the end of training. With neither given, once per epoch. With ``async_write`` the state is copied to
+    host memory on the training thread and written on a background thread; the last write is finished
+    before ``fit`` returns (and before the process exits).
+
+    Under plain ``model.fit`` the callback saves and restores everything it can reach (add a
+    :class:`SampleClock` for sample frequencies); model.fit then goes on from the start of the saved epoch,
+    not bit-identically. Put the Checkpoint last in model.fit's callbacks so it restores after the others
+    reset themselves. Exact resumption needs ``kfit.fit``.
+
+    Args:
+        path: the checkpoint file (its directory is created if needed).
+        frequency: save every ``frequency`` samples (global).
+        epochs: save every ``epochs`` epochs.
+        preserve_all: keep every checkpoint (``path.<samples>``).
+        keep: keep the newest ``keep`` checkpoints (``keep > 1`` names them by sample count).
+        restore: at the start of training, resume from the newest intact checkpoint, if there is one.
+        async_write: write files on a background thread (training stalls only for the copy to host memory).
+        name: the callback's name.
+
+    Raises:
+        ValueError: an invalid argument, named with its value.
+
+    Example:
+        >>> import kfit
+        >>> checkpoint = kfit.callbacks.Checkpoint("runs/model.ckpt", frequency=50_000, keep=3)
+        >>> # kfit.fit(model, x, y, minibatch_size=64, callbacks=[checkpoint])  # resumes if stopped
+    """
+
+    default_name = "checkpoint"
+    needs_stream = True
+    order = 100
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        frequency: int | None = None,
+        epochs: int | None = None,
+        preserve_all: bool = False,
+        keep: int = 1,
+        restore: bool = True,
+        async_write: bool = True,
+        name: str | None = None,
+    ):
+        super().__init__(name=name)
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise ValueError(f"Invalid value for argument `path`: expected a file path (str or os.PathLike). Received: path={path!r}")
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            raise ValueError(f"Invalid value for argument `path`: {path!r} is a directory; give a file name in it, e.g. {os.path.join(path, 'model.ckpt')!r}.")
+        _check_count("frequency", frequency)
+        _check_count("epochs", epochs)
+        if frequency is not None and epochs is not None:
+            raise ValueError(f"Give a checkpoint frequency either in samples or in epochs, not both. Received: frequency={frequency!r}, epochs={epochs!r}")
+        from kfit.checkpoint import _check_keep
+
+        _check_keep(keep, preserve_all)
+        for argument, value in (("restore", restore), ("async_write", async_write)):
+            if not isinstance(value, bool):
+                raise ValueError(f"Invalid value for argument `{argument}`: expected True or False. Received: {argument}={value!r}")
+        self.path = path
+        self.frequency = frequency
+        self.epochs = epochs if frequency is not None or epochs is not None else 1
+        if frequency is not None:
+            self.epochs = None
+        self.preserve_all = preserve_all
+        self.keep = keep
+        self.restore = restore
+        self.async_write = async_write
+        #: The checkpoint restored at the start of the last run (None when it started afresh).
+        self.restored_from: CheckpointInfo | None = None
+        #: How many checkpoints the last run wrote.
+        self.saves = 0
+        self._writer = _BackgroundWriter()
+        self._buffers: dict = {}
+        self._pending = False
+        self._history_epochs: list | None = None
+        self._noted_model_fit = False
+        self._set_initial_epoch = False
+
+    # -- the run's parts -------------------------------------------------------------------------
+    def _parts(self) -> _state.TrainingParts:
+        model = self._model
+        if get_context(model) is not None:
+            return _state.training_parts(model)
+        # Plain model.fit: the kfit callbacks of this model.fit call (they share its params dict).
+        peers = list(getattr(model, PEERS_ATTRIBUTE, []))
+        if self.params:
+            peers = [p for p in peers if getattr(p, "params", None) is self.params]
+        history = getattr(model, "history", None)
+        history = history if isinstance(history, keras.callbacks.History) else None
+        return _state.TrainingParts(model, get_clock(model), None, peers, history, kfit_fit=False)
+
+    def _chief(self) -> bool:
+        from kfit import distributed
+
+        return distributed.is_chief()
+
+    # -- training --------------------------------------------------------------------------------
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._writer.wait()
+        self._pending = False
+        self._history_epochs = None
+        self.restored_from = None
+        self.saves = 0
+        if self.frequency is not None:
+            self.clock  # noqa: B018  (a sample frequency needs the clock: raises a clear error without one)
+        if self._chief():
+            self._check_writable()
+            _format.remove_stale_temporaries(self.path)
+        if self.restore:
+            self._restore()
+
+    def _check_writable(self) -> None:
+        from kfit.checkpoint import _make_directory
+
+        _make_directory(self.path)
+        probe = f"{self.path}{_format._TEMP_INFIX}{os.getpid()}.probe"
+        try:
+            with open(probe, "wb") as f:
+                f.write(b"kfit")
+            os.remove(probe)
+        except OSError as error:
+            raise CheckpointError(
+                f"Cannot write checkpoints to {self.path!r}: {error.strerror or error}. Give a path in a writable "
+                "directory (checked before training starts, so no training is lost)."
+            ) from error
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        # Plain model.fit: its History callback runs after this one and empties its epoch list at train begin.
+        if self._history_epochs is not None:
+            history = self._parts().history
+            if history is not None and not history.epoch:
+                history.epoch = list(self._history_epochs)
+            self._history_epochs = None
+
+    def on_step_end(self, clock: Clock, logs: dict | None) -> None:
+        if self.frequency is None or not clock.minibatch_size:
+            return
+        if (clock.samples - clock.minibatch_size) // self.frequency == clock.samples // self.frequency:
+            return
+        if self._ends_epoch(clock):
+            self._pending = True  # save after the epoch's end (history, validation, epoch callbacks)
+        else:
+            self._save()
+
+    def _ends_epoch(self, clock: Clock) -> bool:
+        if self._model.stop_training or (clock.epoch_size and clock.samples_in_epoch == 0):
+            return True
+        context = get_context(self._model)
+        if context is None or not clock.epoch_size:
+            return False
+        bounds = [b for b in (context.max_samples, None if context.epochs is None else context.epochs * clock.epoch_size) if b]
+        return bool(bounds) and clock.samples >= min(bounds)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._pending or (self.epochs is not None and (epoch + 1) % self.epochs == 0):
+            self._save(epoch, logs)
+        self._pending = False
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        try:
+            self._save()
+            self._writer.wait()
+        finally:
+            if self._set_initial_epoch:
+                self._model._initial_epoch = None  # as set for model.fit by a restore; not for the next fit
+                self._set_initial_epoch = False
+
+    def wait(self) -> None:
+        """Waits for the checkpoint being written in the background (raises its error, if it failed)."""
+        self._writer.wait()
+
+    # -- saving ----------------------------------------------------------------------------------
+    def _save(self, epoch: int | None = None, logs: dict | None = None) -> None:
+        if not self._chief():
+            return
+        self._writer.wait()  # its buffers are reused; a failed write is raised here
+        parts = self._parts()
+        # collect() syncs the loop's state into the variables on JAX (as self.model does): at save time only.
+        arrays, meta = _state.collect(parts, self._buffers if self.async_write else None, epoch, logs)
+        samples = meta["summary"]["samples"]
+        if samples is None:  # plain model.fit without a SampleClock: number by epochs
+            samples = 0 if epoch is None else epoch + 1
+        path, keep, preserve_all = self.path, self.keep, self.preserve_all
+
+        def job() -> None:
+            _format.write_checkpoint(path, arrays, meta, samples, keep=keep, preserve_all=preserve_all)
+
+        self.saves += 1
+        if self.async_write:
+            self._writer.submit(job)
+        else:
+            job()
+
+    # -- restoring -------------------------------------------------------------------------------
+    def _restore(self) -> None:
+        files = _format.candidates(self.path)
+        if not files:
+            return
+        parts = self._parts()
+        damaged = []
+        for file in files:
+            try:
+                meta, arrays = _format.read_file(file)
+            except CheckpointCorruptError as damage:
+                damaged.append(file)
+                warnings.warn(f"{damage} Falling back to the previous checkpoint.", stacklevel=2)
+                continue
+            restore = _state.plan_restore(parts, meta, arrays, file)
+            if not parts.kfit_fit:
+                self._for_model_fit(parts, restore)
+            _state.apply_restore(parts, restore, meta, arrays)
+            self._after_restore(parts)
+            self.restored_from = _info(file, meta, checksum_ok=True)
+            if damaged:
+                warnings.warn(f"Resumed from {file!r} (sample {self.restored_from.samples}): the newer "
+                              f"checkpoints {damaged} are damaged.", stacklevel=2)
+            return
+        raise CheckpointError(
+            f"None of the checkpoints of {self.path!r} is intact ({files}). Move them away to start afresh, or "
+            "pass restore=False."
+        )
+
+    def _for_model_fit(self, parts: _state.TrainingParts, restore: Any) -> None:
+        """model.fit restarts an epoch from its first step: put the restored clock at the epoch's start."""
+        state = restore.clock_state
+        epoch = None
+        if state is not None and state.get("epoch_size"):
+            epoch, into = divmod(state["samples"], state["epoch_size"])
+            if into:
+                driver = getattr(parts.clock, "driver", None)
+                size = getattr(driver, "batch_size", None) or state.get("minibatch_size") or into
+                state["samples"] -= into
+                state["minibatches"] = max(state["minibatches"] - math.ceil(into / size), 0)
+        elif restore.history is not None and restore.history["epoch"]:
+            epoch = max(restore.history["epoch"]) + 1
+        if restore.history is not None:
+            self._history_epochs = list(restore.history["epoch"])
+        if epoch:
+            self._model._initial_epoch = epoch  # read by model.fit after on_train_begin, as BackupAndRestore does
+            self._set_initial_epoch = True
+        if not self._noted_model_fit:
+            self._noted_model_fit = True
+            warnings.warn(MODEL_FIT_NOTE.format(epoch=epoch or 0), stacklevel=3)
+
+    def _after_restore(self, parts: _state.TrainingParts) -> None:
+        context = get_context(self._model)
+        clock = parts.clock
+        if context is not None and clock is not None and clock.samples_in_epoch != 0:
+            context.resumed_mid_epoch = True  # the restored metric state continues the epoch

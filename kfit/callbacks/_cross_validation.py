@@ -1,0 +1,422 @@
+"""Cross-validation on the sample clock, whose results can steer and stop training (CNTK's CrossValidationConfig).
+
+Also the evaluation that :class:`kfit.callbacks.Test` shares: validated data (arrays, h5py datasets, dicts
+and lists of them), read minibatch by minibatch, evaluated with ``model.evaluate`` without disturbing the
+training metrics of the epoch in progress.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import keras
+import numpy as np
+
+from kfit.callbacks._base import KfitCallback
+from kfit.clock import Clock
+from kfit.data._stream import flatten, pack
+
+_PARTS = ("x", "y", "sample_weight")
+
+
+def _describe(leaf: Any) -> str:
+    shape = getattr(leaf, "shape", None)
+    return f"{type(leaf).__name__} of shape {tuple(shape)}" if shape is not None else type(leaf).__name__
+
+
+def _to_host(leaf: Any) -> Any:
+    """Backend tensors to NumPy; NumPy arrays and h5py datasets stay as they are (read by minibatch)."""
+    if leaf is None or isinstance(leaf, np.ndarray) or type(leaf).__module__.startswith("h5py"):
+        return leaf
+    if keras.ops.is_tensor(leaf):
+        return keras.ops.convert_to_numpy(leaf)
+    return leaf
+
+
+class EvaluationData:
+    """Evaluation data checked once: ``(x, y)`` or ``(x, y, sample_weight)`` of arrays.
+
+    ``x`` (and ``y``) may be an array, an h5py dataset, or a dict/list/tuple of them (multi-input models);
+    ``y`` may be None for models whose loss needs no targets. Every array holds one row per sample.
+
+    Raises:
+        TypeError: ``data`` is not such a tuple, or a leaf is not an array.
+        ValueError: empty data, or arrays of different lengths.
+    """
+
+    def __init__(self, data: Any, owner: str, argument: str = "data"):
+        self.owner, self.argument = owner, argument
+        if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
+            raise TypeError(
+                f"Invalid value for argument `{argument}` of {owner}: expected a tuple (x, y) or (x, y, sample_weight) "
+                "of arrays (NumPy arrays, h5py datasets, or dicts/lists of them for several inputs). "
+                f"Received: {argument}={_describe(data)}"
+            )
+        parts = [self._host(part) for part in data] + [None] * (3 - len(data))
+        self.x, self.y, self.sample_weight = parts
+        lengths = {}
+        for index, part in enumerate(parts):
+            for leaf in flatten(part):
+                if leaf is None:
+                    continue
+                if not (hasattr(leaf, "__len__") and hasattr(leaf, "shape") and hasattr(leaf, "__getitem__")):
+                    raise TypeError(
+                        f"Invalid value for argument `{argument}` of {owner}: {_PARTS[index]} must be arrays "
+                        f"(NumPy arrays, h5py datasets, or dicts/lists of them). Received a {_describe(leaf)}"
+                    )
+                lengths.setdefault(_PARTS[index], set()).add(len(leaf))
+        if "x" not in lengths:
+            raise ValueError(f"Invalid value for argument `{argument}` of {owner}: x is None. Received: {argument}={data!r}")
+        sizes = set().union(*lengths.values())
+        if len(sizes) != 1:
+            detail = ", ".join(f"{k}: {sorted(v)}" for k, v in lengths.items())
+            raise ValueError(
+                f"Invalid value for argument `{argument}` of {owner}: its arrays must hold one row per sample, "
+                f"but their lengths differ ({detail})."
+            )
+        self.num_samples = sizes.pop()
+        if self.num_samples == 0:
+            raise ValueError(f"Invalid value for argument `{argument}` of {owner}: it holds no sample.")
+
+    @staticmethod
+    def _host(part: Any) -> Any:
+        if part is None:
+            return None
+        return pack(part, [_to_host(leaf) for leaf in flatten(part)])
+
+    def check_model(self, model: Any) -> None:
+        """Refuses inputs whose number, names or sample shapes do not fit ``model``'s inputs.
+
+        Models without declared inputs (subclassed models) are not checked.
+        """
+        try:
+            inputs = list(model.inputs)
+        except (AttributeError, ValueError, TypeError):
+            return
+        if not inputs:
+            return
+        x = self.x
+        if isinstance(x, Mapping):
+            names = [t.name for t in inputs]
+            missing = [n for n in names if n not in x]
+            if missing:
+                raise ValueError(
+                    f"Invalid value for argument `{self.argument}` of {self.owner}: the model's inputs are "
+                    f"{names}, but x has no {missing}. Received x with keys {sorted(x)}."
+                )
+            pairs = [(t, x[t.name], f"x[{t.name!r}]") for t in inputs]
+        elif isinstance(x, (list, tuple)):
+            if len(x) != len(inputs):
+                raise ValueError(
+                    f"Invalid value for argument `{self.argument}` of {self.owner}: the model has {len(inputs)} "
+                    f"input(s), but x is a list of {len(x)} arrays."
+                )
+            pairs = [(t, leaf, f"x[{i}]") for i, (t, leaf) in enumerate(zip(inputs, x, strict=True))]
+        else:
+            if len(inputs) != 1:
+                raise ValueError(
+                    f"Invalid value for argument `{self.argument}` of {self.owner}: the model has {len(inputs)} "
+                    "inputs; give x as a list or a dict of arrays, one per input."
+                )
+            pairs = [(inputs[0], x, "x")]
+        for tensor, leaf, where in pairs:
+            if not hasattr(leaf, "shape"):
+                continue  # nested structures: left to Keras
+            expected = tuple(tensor.shape)[1:]
+            received = tuple(leaf.shape)[1:]
+            fits = len(expected) == len(received) and all(e is None or e == r for e, r in zip(expected, received, strict=True))
+            if not fits:
+                raise ValueError(
+                    f"Invalid value for argument `{self.argument}` of {self.owner}: the model's input "
+                    f"{tensor.name!r} takes samples of shape {expected}, but {where} holds samples of shape "
+                    f"{received} (an array of shape {tuple(leaf.shape)})."
+                )
+
+    def minibatches(self, batch_size: int, max_samples: int | None = None) -> _Minibatches:
+        """The first ``max_samples`` samples (default: all) in minibatches of ``batch_size``."""
+        count = self.num_samples if max_samples is None else min(self.num_samples, max_samples)
+        return _Minibatches(self, count, batch_size)
+
+
+class _Minibatches(keras.utils.PyDataset):
+    """Consecutive minibatches of evaluation data, read lazily (an h5py dataset is never read whole)."""
+
+    def __init__(self, data: EvaluationData, num_samples: int, batch_size: int):
+        super().__init__()
+        self.data, self.num_samples, self.batch_size = data, num_samples, batch_size
+
+    def __len__(self) -> int:
+        return math.ceil(self.num_samples / self.batch_size)
+
+    def _slice(self, part: Any, lo: int, hi: int) -> Any:
+        if part is None:
+            return None
+        return pack(part, [None if leaf is None else np.asarray(leaf[lo:hi]) for leaf in flatten(part)])
+
+    def __getitem__(self, index: int) -> tuple:
+        lo = index * self.batch_size
+        hi = min(lo + self.batch_size, self.num_samples)
+        x, y, sw = (self._slice(p, lo, hi) for p in (self.data.x, self.data.y, self.data.sample_weight))
+        if isinstance(x, tuple):
+            x = list(x)  # Keras reads a tuple inside the batch as (x, y, ...)
+        if sw is not None:
+            return x, y, sw
+        return (x, y) if y is not None else (x,)
+
+
+def check_minibatch_size(value: Any, owner: str) -> Any:
+    """An int, or a ``kfit.schedules.minibatch_size`` schedule; anything else is refused."""
+    from kfit import schedules
+
+    if isinstance(value, schedules.HyperparameterSchedule):
+        if value.kind != "minibatch_size":
+            raise ValueError(
+                f"Invalid value for argument `minibatch_size` of {owner}: expected a positive integer or "
+                f"kfit.schedules.minibatch_size(...). Received a {value.kind} schedule: {value!r}"
+            )
+        return value
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(
+            f"Invalid value for argument `minibatch_size` of {owner}: expected a positive integer or "
+            f"kfit.schedules.minibatch_size(...). Received: minibatch_size={value!r}"
+        )
+    return int(value)
+
+
+def minibatch_size_at(size: Any, clock: Clock | None) -> int:
+    """The evaluation minibatch size at the clock's reading (a schedule's value, or the int)."""
+    if isinstance(size, int):
+        return size
+    samples, minibatches = (clock.samples, clock.minibatches) if clock is not None else (0, 0)
+    return int(size.value(samples, minibatches))
+
+
+def is_accuracy(name: str) -> bool:
+    """Whether a metric is an accuracy, reported as CNTK's classification error ``1 - accuracy``."""
+    return name == "acc" or name.endswith("_acc") or name.endswith("accuracy")
+
+
+def choose_metric(model: Any, results: dict, metric: str | None, owner: str) -> str:
+    """The key of ``results`` that gives the average error: ``metric``, else the first compiled metric,
+    else the loss."""
+    if metric is not None:
+        for key in (metric, metric[4:] if metric.startswith("val_") else None, metric[5:] if metric.startswith("test_") else None):
+            if key in results:
+                return key
+        raise ValueError(
+            f"Invalid value for argument `metric` of {owner}: the evaluation gives {sorted(results)}. "
+            f"Received: metric={metric!r}"
+        )
+    for tracker in getattr(model, "metrics", []):
+        for m in getattr(tracker, "metrics", None) or [tracker]:
+            name = getattr(m, "name", None)
+            if name in results and not name.endswith("loss"):
+                return name
+    others = [k for k in results if not k.endswith("loss")]
+    return others[0] if others else ("loss" if "loss" in results else sorted(results)[0])
+
+
+def average_error(name: str, value: float) -> float:
+    """CNTK's average error: ``1 - accuracy`` for an accuracy, else the value itself."""
+    return 1.0 - value if is_accuracy(name) else value
+
+
+def evaluate(model: Any, batches: _Minibatches) -> dict[str, float]:
+    """``model.evaluate`` on ``batches``, leaving the training metrics and the training mode as they were.
+
+    ``model.evaluate`` resets the metrics that training accumulates over the epoch; their values are put
+    back afterwards, so an evaluation in the middle of an epoch does not change the epoch's logs.
+    """
+    saved = [np.array(keras.ops.convert_to_numpy(v)) for v in model.metrics_variables]
+    training = getattr(model, "training", None)  # torch modules: evaluate() switches to eval mode
+    try:
+        results = model.evaluate(batches, verbose=0, return_dict=True)
+    finally:
+        for variable, value in zip(model.metrics_variables, saved, strict=True):
+            variable.assign(value)
+        if training is True and callable(getattr(model, "train", None)):
+            model.train()
+    return {k: float(np.asarray(v)) for k, v in results.items()}
+
+
+class CrossValidation(KfitCallback):
+    """Evaluates the model on ``data`` every ``frequency`` samples and lets a callback steer training.
+
+    At the end of the step where the clock crosses a multiple of ``frequency`` (default: at every epoch
+    end), the model is evaluated on the first ``max_samples`` samples of ``data`` in minibatches of
+    ``minibatch_size`` (an int or a ``kfit.schedules.minibatch_size`` schedule, read at the clock), then
+    ``callback(index, average_error, cv_num_samples, cv_num_minibatches)`` is called (``index`` counts
+    evaluations from 0). Its return value steers training: ``False`` stops it after the current step;
+    ``True`` or ``None`` continue; anything else is a ``TypeError``. The callback may change the learning
+    rate (``LearningRateSchedule.learning_rate()`` / ``reset_learning_rate``) or any schedule.
+
+    ``average_error`` is the value of ``metric`` (a compiled metric's name; default: the first compiled
+    metric, else the loss), or ``1 - accuracy`` when that metric is an accuracy (CNTK's classification
+    error).
+
+    Then every kfit callback of the run receives ``on_cross_validation_end(index, logs)`` (early stopping,
+    learning-rate reduction, progress printers, CSV writers react in the same step), with ``logs`` holding
+    ``val_<name>`` for every evaluation result, ``val_average_error``, ``val_samples``,
+    ``val_minibatches``, ``val_index`` and ``samples`` (the clock). The latest results of an epoch also go
+    into that epoch's logs (and so into the ``History``); epochs without an evaluation have none. All
+    results are kept in :attr:`results` and in the state that checkpoints save (the user's callback keeps
+    its own state).
+
+    The evaluation uses ``model.evaluate``; the training metrics of the epoch in progress are put back
+    afterwards.
+
+    Args:
+        data: ``(x, y)`` or ``(x, y, sample_weight)``: NumPy arrays, h5py datasets (read one minibatch at
+            a time), or dicts/lists of them for several inputs.
+        frequency: samples between evaluations (a positive int), or None: at the end of every epoch.
+        minibatch_size: the evaluation's minibatch size: a positive int or a minibatch-size schedule.
+        callback: ``callback(index, average_error, cv_num_samples, cv_num_minibatches) -> bool | None``.
+        max_samples: evaluate on at most this many samples of ``data`` (None: all).
+        metric: the result that gives ``average_error`` (e.g. ``"accuracy"``, ``"loss"``).
+        name: the key of this callback's state in checkpoints.
+
+    Raises:
+        TypeError: ``data`` not in one of the forms above, or ``callback`` not callable.
+        ValueError: a bad ``frequency``, ``minibatch_size``, ``max_samples`` or ``metric``, named with the
+            value; at the start of training, ``data`` whose inputs do not fit the model.
+
+    Example:
+        >>> import numpy as np, kfit
+        >>> x, y = np.zeros((100, 8), "float32"), np.zeros((100,), "int64")
+        >>> def adjust(index, average_error, num_samples, num_minibatches):
+        ...     return average_error > 0.01  # False stops training
+        >>> cv = kfit.callbacks.CrossValidation((x, y), frequency=3000, minibatch_size=50, callback=adjust)
+        >>> cv.frequency, cv.data.num_samples
+        (3000, 100)
+    """
+
+    default_name = "cross_validation"
+    order = -10
+
+    def __init__(
+        self,
+        data: Any,
+        frequency: int | None = None,
+        minibatch_size: Any = 32,
+        callback: Callable[[int, float, int, int], bool | None] | None = None,
+        max_samples: int | None = None,
+        metric: str | None = None,
+        name: str | None = None,
+    ):
+        super().__init__(name=name)
+        owner = "CrossValidation"
+        self.data = EvaluationData(data, owner)
+        if frequency is not None and (
+            isinstance(frequency, (bool, np.bool_)) or not isinstance(frequency, numbers.Integral) or frequency < 1
+        ):
+            raise ValueError(
+                "Invalid value for argument `frequency`: expected a positive number of samples, or None for every "
+                f"epoch end. Received: frequency={frequency!r}"
+            )
+        self.frequency = None if frequency is None else int(frequency)
+        self.minibatch_size = check_minibatch_size(minibatch_size, owner)
+        if callback is not None and not callable(callback):
+            raise TypeError(f"Invalid value for argument `callback`: expected a callable or None. Received: callback={callback!r}")
+        self.callback = callback
+        if max_samples is not None and (
+            isinstance(max_samples, (bool, np.bool_)) or not isinstance(max_samples, numbers.Integral) or max_samples < 1
+        ):
+            raise ValueError(f"Invalid value for argument `max_samples`: expected a positive integer or None. Received: max_samples={max_samples!r}")
+        self.max_samples = None if max_samples is None else int(max_samples)
+        if metric is not None and (not isinstance(metric, str) or not metric):
+            raise ValueError(f"Invalid value for argument `metric`: expected a metric's name or None. Received: metric={metric!r}")
+        self.metric = metric
+        self._restored = False
+        self._reset()
+
+    def _reset(self) -> None:
+        #: Every evaluation's logs (what ``on_cross_validation_end`` received), oldest first.
+        self.results: list[dict[str, Any]] = []
+        self._epoch_logs: dict[str, Any] = {}
+
+    @property
+    def index(self) -> int:
+        """The index of the next evaluation (evaluations so far)."""
+        return len(self.results)
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.data.check_model(self.training_model)
+        if not self._restored:
+            self._reset()
+        self._restored = False
+
+    def on_step_end(self, clock: Clock, logs: dict | None) -> None:
+        if self.frequency is None or not clock.minibatch_size:
+            return
+        if (clock.samples - clock.minibatch_size) // self.frequency != clock.samples // self.frequency:
+            self.cross_validate()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.frequency is None:
+            self.cross_validate()
+        if logs is not None and self._epoch_logs:
+            self._add_to_epoch_logs(epoch, logs, self._epoch_logs)
+        self._epoch_logs = {}
+
+    # -- the evaluation --------------------------------------------------------------------------
+    def cross_validate(self) -> dict[str, Any]:
+        """Evaluates now, calls the user's callback, tells the run's kfit callbacks; returns the logs."""
+        model = self.model  # on JAX this syncs the loop's state into the variables
+        clock = self.clock
+        size = minibatch_size_at(self.minibatch_size, clock)
+        batches = self.data.minibatches(size, self.max_samples)
+        results = evaluate(model, batches)
+        key = choose_metric(model, results, self.metric, "CrossValidation")
+        error = average_error(key, results[key])
+        index = self.index
+        logs: dict[str, Any] = {f"val_{k}": v for k, v in results.items()}
+        logs.update(
+            val_average_error=error, val_samples=batches.num_samples, val_minibatches=len(batches),
+            val_index=index, samples=clock.samples,
+        )
+        self.results.append(dict(logs))
+        self._epoch_logs = {k: v for k, v in logs.items() if k.startswith("val_")}
+        if self.callback is not None:
+            verdict = self.callback(index, error, batches.num_samples, len(batches))
+            if verdict is not None and not isinstance(verdict, (bool, np.bool_)):
+                raise TypeError(
+                    f"The cross-validation callback {getattr(self.callback, '__name__', self.callback)!r} must return "
+                    f"True (continue), False (stop training) or None. Received: {verdict!r} at index {index}."
+                )
+            if verdict is not None and not verdict:
+                self.training_model.stop_training = True
+        self.publish("on_cross_validation_end", index, dict(logs))
+        return logs
+
+    def _add_to_epoch_logs(self, epoch: int, logs: dict, values: dict) -> None:
+        """Puts ``values`` into the epoch's logs; under kfit.fit, where the run's History is called first and
+        has already recorded this epoch, into the History too."""
+        before = set(logs)
+        logs.update(values)
+        from kfit.training._context import get_context
+
+        context = get_context(self.training_model)
+        history = getattr(context, "history", None) if context is not None else None
+        if history is None or not getattr(history, "epoch", None) or history.epoch[-1] != epoch:
+            return
+        for key, value in values.items():
+            series = history.history.setdefault(key, [])
+            if key in before and series:
+                series[-1] = value
+            else:
+                series.append(value)
+
+    # -- state -----------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {"results": [dict(r) for r in self.results], "epoch_logs": dict(self._epoch_logs)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if "results" not in state:
+            raise ValueError(f"CrossValidation state {self.name!r} is missing 'results'. Received keys: {sorted(state)}")
+        self.results = [dict(r) for r in state["results"]]
+        self._epoch_logs = dict(state.get("epoch_logs", {}))
+        self._restored = True

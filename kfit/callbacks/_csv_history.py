@@ -1,0 +1,158 @@
+"""A CSV history of every epoch, cross-validation and test, on the sample clock."""
+
+from __future__ import annotations
+
+import csv
+import os
+import time
+from typing import Any
+
+from kfit import distributed
+from kfit.callbacks._base import KfitCallback
+from kfit.callbacks._running_means import ScheduledValues, to_float
+from kfit.clock import Clock
+
+LEADING_COLUMNS = ("kind", "epoch", "samples", "minibatches")
+TRAILING_COLUMNS = ("lr", "momentum", "minibatch_size", "time")
+
+
+def _parse(text: str | None) -> float:
+    try:
+        return float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 2**53 else repr(float(value))
+
+
+class CSVHistory(KfitCallback):
+    """Appends one row per epoch, per cross-validation and per test to a CSV file.
+
+    Columns: ``kind`` ("epoch", "cross_validation" or "test"), ``epoch`` (the clock in epochs:
+    ``samples / epoch_size``), ``samples`` and ``minibatches`` (the clock), then the results in the order
+    they first appear (``loss``, the metrics, ``val_*``, ``test_*``), then ``lr`` and ``momentum`` (the
+    values per minibatch that a schedule applies, or the epoch logs'), ``minibatch_size`` (the scheduled
+    size; the minibatches shortened to end an epoch are not counted as changes) and ``time`` (Unix time). A result that first appears later (a new metric) widens the file: it
+    is rewritten with the union of the columns, earlier rows left empty there.
+
+    The file is the state. A resumed run (the clock restored from a checkpoint) first drops the rows past
+    the restored clock, which it will train again, and appends from there: no row is written twice. A
+    run that starts from 0 in an existing file therefore replaces that file's rows. Only the chief
+    worker writes.
+
+    Args:
+        path: the CSV file (created with its directory if missing).
+        name: the key of this callback's state in checkpoints.
+
+    Raises:
+        ValueError: if ``path`` is not a path.
+
+    Example:
+        >>> import kfit
+        >>> history = kfit.callbacks.CSVHistory("runs/history.csv")
+        >>> # kfit.fit(model, x, y, minibatch_size=64, callbacks=[history]); then: kfit plot runs/history.csv
+    """
+
+    default_name = "csv_history"
+
+    def __init__(self, path: str | os.PathLike, name: str | None = None):
+        super().__init__(name=name)
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise ValueError(f"Invalid value for argument `path`: expected a file path. Received: path={path!r}")
+        self.path = os.fspath(path)
+        self._columns: list[str] | None = None
+        self._truncated = False
+        self._scheduled = ScheduledValues()
+
+    # -- the file --------------------------------------------------------------------------------
+    def _read(self) -> tuple[list[str], list[dict[str, str]]]:
+        if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
+            return [], []
+        with open(self.path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            return list(reader.fieldnames or []), list(reader)
+
+    def _rewrite(self, columns: list[str], rows: list[dict[str, Any]]) -> None:
+        directory = os.path.dirname(self.path)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        temporary = f"{self.path}.tmp{os.getpid()}"
+        with open(temporary, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=columns, restval="", extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(temporary, self.path)
+        self._columns = columns
+
+    def _truncate_to(self, samples: int) -> None:
+        """Keeps the rows at or before ``samples`` (those a resumed run will not write again)."""
+        self._truncated = True
+        columns, rows = self._read()
+        if not columns:
+            return
+        if "samples" not in columns:
+            raise ValueError(f"{self.path} exists and is not a kfit CSV history (no `samples` column). Choose another path.")
+        kept = [row for row in rows if _parse(row.get("samples")) <= samples]
+        if len(kept) != len(rows):
+            self._rewrite(columns, kept)
+        self._columns = columns
+
+    def write_row(self, kind: str, results: dict[str, Any]) -> None:
+        """Appends one row of ``kind`` with the clock, ``results`` and the hyperparameters (chief only)."""
+        if not distributed.is_chief():
+            return
+        clock = self.clock
+        if not self._truncated:
+            self._truncate_to(clock.samples)
+        row: dict[str, Any] = {
+            "kind": kind,
+            "epoch": _number(round(clock.samples / clock.epoch_size, 6)) if clock.epoch_size else "",
+            "samples": clock.samples,
+            "minibatches": clock.minibatches,
+        }
+        values = {k: v for k, v in ((k, to_float(v)) for k, v in results.items()) if v is not None}
+        values.update(self._scheduled.values)
+        if self._scheduled.size is not None:
+            values["minibatch_size"] = self._scheduled.size
+        values["time"] = round(time.time(), 3)
+        for key, value in values.items():
+            row[key] = _number(value)
+        columns = self._columns or []
+        new = [k for k in row if k not in columns]
+        if new:
+            fixed = LEADING_COLUMNS + TRAILING_COLUMNS
+            new_results = sorted((k for k in new if k not in fixed), key=lambda k: k != "loss")  # loss first
+            results_columns = [c for c in columns if c not in fixed] + new_results
+            _, rows = self._read()
+            self._rewrite([*LEADING_COLUMNS, *results_columns, *TRAILING_COLUMNS], rows)
+        with open(self.path, "a", newline="", encoding="utf-8") as f:
+            csv.DictWriter(f, fieldnames=self._columns, restval="").writerow(row)
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        # The clock is restored after every on_train_begin (the checkpoint comes last): truncate later.
+        self._truncated = False
+        self._scheduled.reset()
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if not self._truncated and distributed.is_chief():
+            self._truncate_to(self.clock.samples)
+
+    def on_step_begin(self, clock: Clock) -> None:
+        if not self._truncated and distributed.is_chief():
+            self._truncate_to(clock.samples)
+        self._scheduled.observe_size(clock, self.training_model)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.write_row("epoch", dict(logs or {}))
+
+    def on_cross_validation_end(self, index: int, logs: dict) -> None:
+        self.write_row("cross_validation", {k: v for k, v in logs.items() if k != "samples"})
+
+    def on_test_end(self, logs: dict) -> None:
+        self.write_row("test", dict(logs))
+
+    def on_hyperparameter_change(self, name: str, value: float, scheduled: float, unit: str) -> None:
+        self._scheduled.observe(name, value, self.clock, self.training_model)

@@ -1,0 +1,172 @@
+"""Early stopping on the cross-validation results: patience, burn-in, a minimum training length, best weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kfit.callbacks._monitor import MonitorCallback, check_count, check_real
+
+
+class EarlyStopping(MonitorCallback):
+    """Stops training when the monitored value has not improved for ``patience``.
+
+    It reads the results of every :class:`kfit.callbacks.CrossValidation` of the run (through
+    ``on_cross_validation_end``, so it reacts in the step where the evaluation ran); in a run without
+    one it reads the epoch-end logs, as Keras's ``EarlyStopping`` does (``validation_data`` gives them
+    ``val_*`` values; epochs without validation results are skipped).
+
+    An evaluation improves when it beats the best value so far by more than ``min_delta`` (absolute, or
+    relative to ``|best|``); ties do not. Time is counted in ``unit``: evaluations (``patience=2`` stops
+    at the second evaluation in a row without improvement, as Keras counts epochs), samples, or epochs
+    of the clock. Training stops at the first evaluation that
+
+    * is not in the burn-in (time ``> burn_in``: during the burn-in the best value is kept but nothing
+      is decided; pydrobert's ``early_stopping_burnin``, Keras's ``start_from_epoch``),
+    * does not improve, ``patience`` or more after the later of the last improvement and the end of the
+      burn-in (Lasagne's ``val_improve_num_epochs``), and
+    * comes after ``min_samples`` samples and ``min_epochs`` epochs of training (Lasagne's ``min_epochs``).
+
+    The stop takes effect after the current step. Every counter, the best value and the best weights are
+    in :meth:`get_state`: a run resumed from a checkpoint stops where the uninterrupted run stops (and a
+    run restored after its stop trains no further).
+
+    Args:
+        monitor: the value to watch: ``"val_loss"``, ``"val_average_error"`` (CNTK's classification error
+            when the metric is an accuracy), ``"val_<metric>"``, or a training log such as ``"loss"``.
+        patience: how long without improvement before stopping, in ``unit``.
+        unit: ``"evaluations"``, ``"samples"`` or ``"epochs"``: the unit of ``patience`` and ``burn_in``.
+        burn_in: no decision during the first ``burn_in`` units of time.
+        min_samples: never stop before this many samples of training (None: no minimum).
+        min_epochs: never stop before this many epochs of training (None: no minimum).
+        min_delta: the smallest change that counts as an improvement (>= 0).
+        min_delta_mode: ``"absolute"`` or ``"relative"`` (a fraction of ``|best|``).
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (``"max"`` for accuracies and the like, else ``"min"``).
+        baseline: a value to beat: until an evaluation beats it, patience counts from the start.
+        restore_best_weights: when training ends, set the model's weights to those of the best evaluation
+            (copied to host memory at every improvement).
+        verbose: 1 prints the decisions.
+        name: the key of this callback's state in checkpoints.
+
+    Raises:
+        ValueError: an argument out of range, named with the value received.
+
+    Example:
+        >>> import kfit
+        >>> stop = kfit.callbacks.EarlyStopping("val_average_error", patience=3, burn_in=2,
+        ...                                     min_epochs=10, restore_best_weights=True)
+        >>> stop.mode, stop.patience
+        ('min', 3)
+        >>> kfit.callbacks.EarlyStopping("val_accuracy", patience=6000, unit="samples").mode
+        'max'
+    """
+
+    default_name = "early_stopping"
+
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        *,
+        patience: int = 0,
+        unit: str = "evaluations",
+        burn_in: int = 0,
+        min_samples: int | None = None,
+        min_epochs: int | None = None,
+        min_delta: float = 0.0,
+        min_delta_mode: str = "absolute",
+        mode: str = "auto",
+        baseline: float | None = None,
+        restore_best_weights: bool = False,
+        verbose: int = 0,
+        name: str | None = None,
+    ):
+        self.patience = check_count("patience", patience)
+        self.min_samples = check_count("min_samples", min_samples, allow_none=True)
+        self.min_epochs = check_count("min_epochs", min_epochs, allow_none=True)
+        self.baseline = check_real("baseline", baseline, low=-float("inf"), allow_none=True)
+        if not isinstance(restore_best_weights, bool):
+            raise TypeError(
+                "Invalid value for argument `restore_best_weights`: expected True or False. "
+                f"Received: restore_best_weights={restore_best_weights!r}"
+            )
+        self.restore_best_weights = restore_best_weights
+        super().__init__(
+            monitor, mode=mode, min_delta=min_delta, min_delta_mode=min_delta_mode, unit=unit,
+            burn_in=burn_in, verbose=verbose, name=name,
+        )
+
+    def _reset(self) -> None:
+        super()._reset()
+        self.best = self.baseline
+        self.best_weights: list[np.ndarray] | None = None
+        self.stopped_samples: int | None = None
+        self.stopped_evaluation: int | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """Whether this callback stopped training."""
+        return self.stopped_samples is not None
+
+    # -- decisions -------------------------------------------------------------------------------
+    def on_improvement(self, value: float) -> None:
+        if self.restore_best_weights:
+            self.best_weights = [np.array(w) for w in self.model.get_weights()]
+
+    def long_enough(self) -> bool:
+        """Whether training has reached ``min_samples`` and ``min_epochs``."""
+        samples = self.clock.samples
+        if self.min_samples is not None and samples < self.min_samples:
+            return False
+        if self.min_epochs is not None:
+            epoch_size = self.clock.epoch_size
+            if not epoch_size:
+                raise RuntimeError(
+                    "EarlyStopping(min_epochs=...) needs the clock's epoch size, which this run does not know. "
+                    "Train with kfit.fit, give SampleClock(num_samples=...), or use min_samples."
+                )
+            if samples < self.min_epochs * epoch_size:
+                return False
+        return True
+
+    def decide(self, value: float, improved: bool, now: int) -> None:
+        if improved or self.stopped or self.in_burn_in(now):
+            return
+        self.wait += 1
+        if self.since(now) < self.duration(self.patience) or not self.long_enough():
+            return
+        self.stopped_samples = self.clock.samples
+        self.stopped_evaluation = self.evaluations
+        self.training_model.stop_training = True
+        self.say(f"{self.monitor} = {value:.6g} has not improved on {self.best} for {self.wait} evaluations: stopping.")
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        super().on_train_begin(logs)
+        if self.stopped:
+            self.training_model.stop_training = True
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self.restore_best_weights and self.best_weights is not None:
+            self.model.set_weights(self.best_weights)
+            self.say(f"restored the weights of evaluation {self.best_evaluation} ({self.monitor} = {self.best:.6g}).")
+
+    # -- state -----------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        state.update(
+            stopped_samples=self.stopped_samples,
+            stopped_evaluation=self.stopped_evaluation,
+            best_weights=None if self.best_weights is None else list(self.best_weights),
+        )
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        stopped = state.get("stopped_samples")
+        self.stopped_samples = None if stopped is None else int(stopped)
+        evaluation = state.get("stopped_evaluation")
+        self.stopped_evaluation = None if evaluation is None else int(evaluation)
+        weights = state.get("best_weights")
+        self.best_weights = None if weights is None else [np.array(w) for w in weights]
+        if self.stopped and getattr(self, "_model", None) is not None:
+            self._model.stop_training = True

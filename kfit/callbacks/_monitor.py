@@ -1,0 +1,234 @@
+"""What early stopping and learning-rate reduction share: a monitored value, its best, and time in units.
+
+A controller observes one value per evaluation: from each cross-validation (``on_cross_validation_end``)
+when the run has a :class:`kfit.callbacks.CrossValidation`, else from the epoch-end logs (as Keras's
+callbacks do). Durations (patience, burn-in, cooldown) count evaluations, samples or epochs of the clock;
+everything a decision depends on is in :meth:`MonitorCallback.get_state`, so a resumed run decides as an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+from kfit.callbacks._base import KfitCallback
+
+UNITS = ("evaluations", "samples", "epochs")
+MODES = ("auto", "min", "max")
+DELTA_MODES = ("absolute", "relative")
+
+# Monitored names that grow as the model gets better (mode="auto" maximizes them).
+_HIGHER_IS_BETTER = ("acc", "accuracy", "auc", "precision", "recall", "f1", "iou")
+
+
+def check_count(name: str, value: Any, *, allow_none: bool = False) -> int | None:
+    """``value`` as an int after checking it is a non-negative integer (or None when allowed)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 0:
+        expected = "a non-negative integer" + (" or None" if allow_none else "")
+        raise ValueError(f"Invalid value for argument `{name}`: expected {expected}. Received: {name}={value!r}")
+    return int(value)
+
+
+def check_real(name: str, value: Any, *, low: float = 0.0, allow_none: bool = False) -> float | None:
+    """``value`` as a float after checking it is a finite number ``>= low`` (or None when allowed)."""
+    if value is None and allow_none:
+        return None
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or value < low
+    ):
+        expected = f"a finite number >= {low}" + (" or None" if allow_none else "")
+        raise ValueError(f"Invalid value for argument `{name}`: expected {expected}. Received: {name}={value!r}")
+    return float(value)
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"Invalid value for argument `{name}`: expected one of {list(choices)}. Received: {name}={value!r}")
+    return value
+
+
+def higher_is_better(monitor: str) -> bool:
+    """Whether ``mode="auto"`` maximizes ``monitor`` (accuracies, AUC, precision, recall, F1, IoU)."""
+    name = monitor
+    for prefix in ("val_", "test_"):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    if name == "average_error":
+        return False
+    return name.endswith(_HIGHER_IS_BETTER)
+
+
+class MonitorCallback(KfitCallback):
+    """The base of kfit's controllers: watches ``monitor`` at every evaluation and tracks its best.
+
+    Time is measured in ``unit``: ``"evaluations"`` (the number of evaluations observed, 1 for the first),
+    ``"samples"`` (the clock) or ``"epochs"`` (``epoch_size`` samples of the clock). An evaluation at time
+    ``t`` is in the burn-in while ``t <= burn_in``: it updates the best value but decides nothing.
+
+    Args:
+        monitor: the logged value to watch (``"val_loss"``, ``"val_average_error"``, ``"val_accuracy"``, ...).
+        mode: ``"min"``, ``"max"``, or ``"auto"`` (``"max"`` for accuracies, AUC, precision, recall, F1, IoU;
+            ``"min"`` otherwise).
+        min_delta: the smallest change that counts as an improvement.
+        min_delta_mode: ``"absolute"``: better than ``best -/+ min_delta``; ``"relative"``: better than
+            ``best -/+ min_delta * |best|``.
+        unit: the unit of the durations (patience, burn-in, cooldown).
+        burn_in: the first ``burn_in`` units of time make no decision.
+        verbose: 1 prints the decisions.
+        name: the key of this callback's state in checkpoints.
+    """
+
+    def __init__(
+        self,
+        monitor: str,
+        *,
+        mode: str = "auto",
+        min_delta: float = 0.0,
+        min_delta_mode: str = "absolute",
+        unit: str = "evaluations",
+        burn_in: int = 0,
+        verbose: int = 0,
+        name: str | None = None,
+    ):
+        super().__init__(name=name)
+        if not isinstance(monitor, str) or not monitor:
+            raise ValueError(f"Invalid value for argument `monitor`: expected a non-empty string. Received: monitor={monitor!r}")
+        self.monitor = monitor
+        mode = check_choice("mode", mode, MODES)
+        self.mode = ("max" if higher_is_better(monitor) else "min") if mode == "auto" else mode
+        self.min_delta = check_real("min_delta", min_delta)
+        self.min_delta_mode = check_choice("min_delta_mode", min_delta_mode, DELTA_MODES)
+        self.unit = check_choice("unit", unit, UNITS)
+        self.burn_in = check_count("burn_in", burn_in)
+        self.verbose = check_count("verbose", verbose)
+        self._source: str | None = None
+        self._restored = False
+        self._reset()
+
+    # -- state -----------------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self.evaluations = 0
+        self.best: float | None = None
+        self.best_evaluation = 0
+        self.best_samples = 0
+        self.wait = 0
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "evaluations": self.evaluations,
+            "best": self.best,
+            "best_evaluation": self.best_evaluation,
+            "best_samples": self.best_samples,
+            "wait": self.wait,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        missing = {"evaluations", "best", "best_evaluation", "best_samples"} - set(state)
+        if missing:
+            raise ValueError(f"{type(self).__name__} state {self.name!r} is missing {sorted(missing)}. Received keys: {sorted(state)}")
+        self.evaluations = int(state["evaluations"])
+        self.best = None if state["best"] is None else float(state["best"])
+        self.best_evaluation = int(state["best_evaluation"])
+        self.best_samples = int(state["best_samples"])
+        self.wait = int(state.get("wait", 0))
+        # A state restored before training starts survives on_train_begin (which otherwise starts afresh).
+        self._restored = True
+
+    # -- time ------------------------------------------------------------------------------------
+    def ticks(self, evaluation: int, samples: int) -> int:
+        """The time of an evaluation in the callback's unit (epochs are counted in samples)."""
+        return evaluation if self.unit == "evaluations" else samples
+
+    def duration(self, value: int) -> int:
+        """A duration in the callback's unit, in the units of :meth:`ticks`."""
+        if self.unit != "epochs":
+            return value
+        epoch_size = self.clock.epoch_size
+        if not epoch_size:
+            raise RuntimeError(
+                f"{type(self).__name__}(unit='epochs') needs the clock's epoch size, which this run does not know. "
+                "Train with kfit.fit, give SampleClock(num_samples=...), or use unit='samples'."
+            )
+        return value * epoch_size
+
+    def in_burn_in(self, now: int) -> bool:
+        return now <= self.duration(self.burn_in)
+
+    # -- observing -------------------------------------------------------------------------------
+    def is_improvement(self, value: float) -> bool:
+        """Whether ``value`` beats the best so far by more than ``min_delta`` (ties do not)."""
+        if self.best is None:
+            return not math.isnan(value)
+        delta = self.min_delta if self.min_delta_mode == "absolute" else self.min_delta * abs(self.best)
+        if self.mode == "min":
+            return value < self.best - delta
+        return value > self.best + delta
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        from kfit.callbacks._cross_validation import CrossValidation
+
+        has_cv = any(isinstance(p, CrossValidation) for p in self.peers())
+        self._source = "cross_validation" if has_cv else "epoch"
+        if not self._restored:
+            self._reset()
+        self._restored = False
+
+    def on_cross_validation_end(self, index: int, logs: dict) -> None:
+        if self._source == "cross_validation":
+            if self.monitor not in logs:
+                raise ValueError(
+                    f"{type(self).__name__}: the monitored value {self.monitor!r} is not among the cross-validation "
+                    f"results {sorted(k for k in logs if k.startswith('val_'))}. Set `monitor` to one of them."
+                )
+            self._observe(float(logs[self.monitor]))
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._source != "epoch":
+            return
+        logs = logs or {}
+        if self.monitor not in logs:
+            if self.monitor.startswith("val_") and not any(k.startswith("val_") for k in logs):
+                return  # no validation at this epoch (validation_freq): nothing to observe
+            raise ValueError(
+                f"{type(self).__name__}: the monitored value {self.monitor!r} is not in the epoch's logs "
+                f"{sorted(logs)}. Set `monitor` to one of them, or add kfit.callbacks.CrossValidation."
+            )
+        self._observe(float(np.asarray(logs[self.monitor])))
+
+    def _observe(self, value: float) -> None:
+        self.evaluations += 1
+        samples = self.clock.samples
+        now = self.ticks(self.evaluations, samples)
+        improved = self.is_improvement(value)
+        if improved:
+            self.best = value
+            self.best_evaluation = self.evaluations
+            self.best_samples = samples
+            self.wait = 0
+            self.on_improvement(value)
+        self.decide(value, improved, now)
+
+    def since(self, now: int, *references: int) -> int:
+        """Time elapsed from the latest of the best, the end of the burn-in and ``references``."""
+        start = max(self.ticks(self.best_evaluation, self.best_samples), self.duration(self.burn_in), *references)
+        return now - start
+
+    def on_improvement(self, value: float) -> None:
+        """Called when ``value`` is a new best."""
+
+    def decide(self, value: float, improved: bool, now: int) -> None:
+        """Called after each observation, ``now`` being its time in :meth:`ticks` units."""
+        raise NotImplementedError
+
+    def say(self, message: str) -> None:
+        if self.verbose:
+            print(f"Samples {self.clock.samples}: {type(self).__name__}: {message}")

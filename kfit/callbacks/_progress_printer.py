@@ -1,0 +1,237 @@
+"""CNTK's progress lines: minibatch intervals, epoch summaries, evaluations and hyperparameter changes."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import Any
+
+from kfit import distributed
+from kfit.callbacks._base import KfitCallback
+from kfit.callbacks._running_means import (
+    IntervalMeans,
+    ScheduledValues,
+    first_metric_key,
+    is_due,
+    to_float,
+)
+from kfit.clock import Clock
+
+
+_EVALUATION_COUNTS = ("samples", "minibatches", "index", "average_error")
+
+
+def _is_accuracy(key: str) -> bool:
+    for prefix in ("val_", "test_"):
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+    return key == "acc" or key.endswith("accuracy")
+
+
+def hyperparameter_line(name: str, value: float, scheduled: float, unit: str) -> str:
+    """CNTK's line for a hyperparameter change: per sample when the schedule is, else per minibatch."""
+    if name == "lr":
+        if unit == "per_sample":
+            return f"Learning rate per 1 samples: {scheduled}"
+        return f"Learning rate per minibatch: {value}"
+    if name == "momentum":
+        if unit == "time_constant":
+            return f"Momentum per 1 samples: {0.0 if scheduled == 0 else math.exp(-1.0 / scheduled)}"
+        if unit == "per_sample":
+            return f"Momentum per 1 samples: {scheduled}"
+        return f"Momentum per minibatch: {value}"
+    return f"{name}: {value}"
+
+
+class ProgressPrinter(KfitCallback):
+    """Prints CNTK's progress lines to stderr or to a file.
+
+    Lines, as CNTK writes them::
+
+        Learning rate per 1 samples: 0.001
+        Momentum per 1 samples: 0.9990239141819757
+        Minibatch size: 64
+        Minibatch[   1-  10]: loss = 0.352425 * 640, metric = 35.24% * 640;
+        Finished Epoch[3]: loss = 0.089973 * 54000, metric = 2.62% * 54000 2.329s (23185.9 samples/s);
+        Finished Evaluation [1]: Minibatch[1-32]: metric = 8.11% * 1024;
+
+    A ``Minibatch[a-b]`` line gives the means over minibatches ``a`` to ``b`` of the epoch (numbered from 1
+    in each epoch), computed from Keras's running means at the interval's ends: only those steps
+    convert the logs (a device sync). ``Finished Epoch[k]`` (1-based) gives the epoch's means, the samples
+    the clock counted in it, its wall time and the samples trained per second. ``Finished Evaluation [k]``
+    follows each cross-validation and the final test (counted together, as CNTK does). The learning rate,
+    momentum and minibatch size get a line whenever they change (a minibatch shortened to end an epoch is
+    not a change).
+
+    "metric" is the first compiled metric. With ``metric_is_pct`` and an accuracy metric the line shows
+    the error rate ``(1 - accuracy) * 100%`` (CNTK's classification error); any other metric, or any
+    metric with ``metric_is_pct=False``, is shown as is with six decimals. Only the chief worker prints.
+
+    Args:
+        freq: a ``Minibatch`` line every ``freq`` minibatches; 0: at geometrically growing intervals (after
+            minibatches 1, 2, 4, 8, ...); None (CNTK's default): epoch lines only.
+        first: the first ``first`` minibatches of each epoch get a line each.
+        tag: printed as ``[tag] `` before every line.
+        log_to_file: a file the lines are appended to (a restarted run appends, never truncates), instead
+            of stderr. "Redirecting log to file PATH" is printed to stderr once.
+        metric_is_pct: show an accuracy metric as CNTK's error percentage.
+        name: the key of this callback's state in checkpoints.
+
+    Raises:
+        ValueError: if ``freq`` or ``first`` is negative or not an integer, or another argument is invalid.
+
+    Example:
+        >>> import kfit
+        >>> printer = kfit.callbacks.ProgressPrinter(freq=100, first=5, tag="mnist")
+        >>> printer.freq, printer.first
+        (100, 5)
+        >>> # kfit.fit(model, x, y, minibatch_size=64, callbacks=[printer])
+    """
+
+    default_name = "progress_printer"
+
+    def __init__(
+        self,
+        freq: int | None = None,
+        first: int = 0,
+        tag: str = "",
+        log_to_file: str | os.PathLike | None = None,
+        metric_is_pct: bool = True,
+        name: str | None = None,
+    ):
+        super().__init__(name=name)
+        if freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 0):
+            raise ValueError(
+                f"Invalid value for argument `freq`: expected a non-negative integer (0: geometric intervals) "
+                f"or None (epoch lines only). Received: freq={freq!r}"
+            )
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise ValueError(f"Invalid value for argument `first`: expected a non-negative integer. Received: first={first!r}")
+        if not isinstance(tag, str):
+            raise ValueError(f"Invalid value for argument `tag`: expected a string. Received: tag={tag!r}")
+        if log_to_file is not None and not isinstance(log_to_file, (str, os.PathLike)):
+            raise ValueError(
+                f"Invalid value for argument `log_to_file`: expected a path or None. Received: log_to_file={log_to_file!r}"
+            )
+        if not isinstance(metric_is_pct, bool):
+            raise ValueError(
+                f"Invalid value for argument `metric_is_pct`: expected True or False. Received: metric_is_pct={metric_is_pct!r}"
+            )
+        self.freq = freq
+        self.first = first
+        self.tag = tag
+        self.log_to_file = None if log_to_file is None else os.fspath(log_to_file)
+        self.metric_is_pct = metric_is_pct
+        self._intervals = IntervalMeans()
+        self._evaluations = 0
+        self._metric_key: str | None = None
+        self._announced = False
+        self._shown: dict[str, str] = {}
+        self._scheduled = ScheduledValues()
+        self._epoch_time = 0.0
+        self._epoch_samples = 0
+
+    # -- output ----------------------------------------------------------------------------------
+    def log(self, message: str) -> None:
+        """Writes one line (prefixed by the tag) where the progress lines go; only on the chief."""
+        if not distributed.is_chief():
+            return
+        line = (f"[{self.tag}] " if self.tag else "") + message
+        if self.log_to_file is None:
+            print(line, file=sys.stderr, flush=True)
+        else:
+            with open(self.log_to_file, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+
+    def _metric(self, key: str, value: float, count: int | None) -> str:
+        times = "" if count is None else f" * {count}"
+        if self.metric_is_pct and _is_accuracy(key):
+            return f"metric = {(1.0 - value) * 100.0:.2f}%{times}"
+        return f"metric = {value:.6f}{times}"
+
+    def _summary(self, means: dict[str, float], count: int) -> str:
+        parts = []
+        if "loss" in means:
+            parts.append(f"loss = {means['loss']:.6f} * {count}")
+        if self._metric_key is not None and self._metric_key in means:
+            parts.append(self._metric(self._metric_key, means[self._metric_key], count))
+        return ", ".join(parts)
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if self.log_to_file is not None and not self._announced and distributed.is_chief():
+            print(f"Redirecting log to file {self.log_to_file}", file=sys.stderr, flush=True)
+            self._announced = True
+        self._shown = {}
+        self._scheduled.reset()
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        clock = self.clock
+        self._intervals.begin_epoch(clock, self.training_model)
+        self._epoch_time = time.perf_counter()
+        self._epoch_samples = clock.samples
+
+    def on_step_begin(self, clock: Clock) -> None:
+        if self._scheduled.observe_size(clock, self.training_model):
+            self.log(f"Minibatch size: {clock.minibatch_size}")
+
+    def on_step_end(self, clock: Clock, logs: dict | None) -> None:
+        if not is_due(self._intervals.index(clock), self.freq, self.first) or not distributed.is_chief():
+            return
+        if self._metric_key is None and logs:
+            self._metric_key = first_metric_key(logs)
+        interval = self._intervals.interval(clock, logs, ["loss", self._metric_key] if self._metric_key else ["loss"])
+        self.log(f"Minibatch[{interval.first:4d}-{interval.last:4d}]: {self._summary(interval.means, interval.samples)};")
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        logs = logs or {}
+        if self._metric_key is None:
+            self._metric_key = first_metric_key(logs)
+        clock = self.clock
+        seconds = time.perf_counter() - self._epoch_time
+        speed = (clock.samples - self._epoch_samples) / seconds if seconds > 0 else 0.0
+        means = {k: v for k, v in ((k, to_float(v)) for k, v in logs.items()) if v is not None}
+        summary = self._summary(means, self._intervals.samples(clock))
+        self.log(f"Finished Epoch[{epoch + 1}]: {summary + ' ' if summary else ''}{seconds:.3f}s ({speed:5.1f} samples/s);")
+
+    def _evaluation(self, prefix: str, logs: dict) -> None:
+        self._evaluations += 1
+        samples, minibatches = logs.get(f"{prefix}samples"), logs.get(f"{prefix}minibatches")
+        count = None if samples is None else int(samples)
+        if self._metric_key is None:  # an evaluation before the first progress line
+            named = [k[len(prefix):] for k in logs if k.startswith(prefix)]
+            self._metric_key = first_metric_key(k for k in named if k not in _EVALUATION_COUNTS)
+        for key in ([prefix + self._metric_key] if self._metric_key else []) + [f"{prefix}loss", f"{prefix}average_error"]:
+            value = to_float(logs[key]) if key in logs else None
+            if value is not None:
+                metric = self._metric(key, value, count)
+                break
+        else:
+            metric = "metric = nan" + ("" if count is None else f" * {count}")
+        span = "" if minibatches is None else f"Minibatch[1-{int(minibatches)}]: "
+        self.log(f"Finished Evaluation [{self._evaluations}]: {span}{metric};")
+
+    def on_cross_validation_end(self, index: int, logs: dict) -> None:
+        self._evaluation("val_", logs)
+
+    def on_test_end(self, logs: dict) -> None:
+        self._evaluation("test_", logs)
+
+    def on_hyperparameter_change(self, name: str, value: float, scheduled: float, unit: str) -> None:
+        if self._scheduled.is_cut_step(self.clock, self.training_model):
+            return
+        line = hyperparameter_line(name, value, scheduled, unit)
+        if self._shown.get(name) != line:
+            self._shown[name] = line
+            self.log(line)
+
+    # -- state -----------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {"intervals": self._intervals.get_state(), "evaluations": self._evaluations}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._intervals.set_state(state.get("intervals"))
+        self._evaluations = int(state.get("evaluations", 0))
+

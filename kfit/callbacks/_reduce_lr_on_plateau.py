@@ -1,0 +1,208 @@
+"""Learning-rate reduction on a plateau of the cross-validation results, with a floor and a stop."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+from kfit import _backend
+from kfit.callbacks._monitor import MonitorCallback, check_count, check_real
+
+
+class ReduceLROnPlateau(MonitorCallback):
+    """Multiplies the learning rate by ``factor`` when the monitored value stops improving.
+
+    It reads the results of every :class:`kfit.callbacks.CrossValidation` of the run, or, without one,
+    the epoch-end logs (see :class:`EarlyStopping`). A reduction is due at an evaluation that does not
+    improve (by more than ``min_delta``), that is past the burn-in (time ``> burn_in``) and past the
+    cooldown (time ``> last reduction + cooldown``; evaluations in the cooldown count towards nothing), and
+    that comes ``patience`` or more after the latest of: the last improvement, the end of the burn-in, the
+    end of the cooldown. Time is counted in ``unit`` (evaluations, samples or epochs), as in Keras's and
+    pydrobert's controllers.
+
+    When a reduction is due:
+
+    * after ``max_reductions`` reductions, training stops instead (CNTK's 6-3 sample: six cuts, then the
+      seventh insufficient evaluation ends training);
+    * the new rate is ``max(lr * factor, min_lr)``; if it would change the rate by ``min_lr_change`` or
+      less (the rate is at the floor), nothing changes, and with ``stop_at_floor`` training stops.
+
+    The rate changed is the one the run's :class:`kfit.callbacks.LearningRateSchedule` gives, read with
+    ``learning_rate()`` in the schedule's unit (per sample for a per-sample schedule) and replaced with
+    ``reset_learning_rate``: a constant from now on, as CNTK's ``learner.reset_learning_rate`` does (the
+    rest of the schedule no longer applies), and it survives the schedule re-applying itself at every
+    step. ``min_lr`` and ``min_lr_change`` are in that unit. Without a schedule it is the optimizer's
+    ``learning_rate`` variable (per minibatch). A stop takes effect after the current step. The counters
+    and the number of reductions are in :meth:`get_state`; the new schedule is in the schedule callback's.
+
+    Args:
+        monitor: the value to watch (see :class:`EarlyStopping`).
+        factor: the factor of a reduction, ``0 < factor < 1``.
+        patience: how long without improvement before a reduction, in ``unit``.
+        unit: ``"evaluations"``, ``"samples"`` or ``"epochs"``: the unit of ``patience``, ``cooldown`` and
+            ``burn_in``.
+        cooldown: after a reduction, this long without decisions.
+        burn_in: no decision during the first ``burn_in`` units of time.
+        min_lr: the floor of the learning rate.
+        min_lr_change: a reduction that would change the rate by this much or less is not made
+            (torch's ``eps``, pydrobert's ``reduce_lr_log10_epsilon`` as ``10 ** epsilon``).
+        min_delta: the smallest change of the monitored value that counts as an improvement.
+        min_delta_mode: ``"absolute"`` or ``"relative"`` (a fraction of ``|best|``).
+        mode: ``"min"``, ``"max"`` or ``"auto"``.
+        stop_at_floor: stop training when a reduction is due and the rate is at the floor.
+        max_reductions: stop training when a reduction is due after this many (None: never).
+        verbose: 1 prints the decisions.
+        name: the key of this callback's state in checkpoints.
+
+    Raises:
+        ValueError: an argument out of range, named with the value received.
+
+    Example:
+        >>> import kfit
+        >>> reduce = kfit.callbacks.ReduceLROnPlateau("val_average_error", factor=0.5, patience=2,
+        ...                                           cooldown=1, min_lr=1e-5, max_reductions=6)
+        >>> reduce.factor, reduce.max_reductions
+        (0.5, 6)
+    """
+
+    default_name = "reduce_lr_on_plateau"
+
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        *,
+        factor: float = 0.1,
+        patience: int = 10,
+        unit: str = "evaluations",
+        cooldown: int = 0,
+        burn_in: int = 0,
+        min_lr: float = 0.0,
+        min_lr_change: float = 0.0,
+        min_delta: float = 1e-4,
+        min_delta_mode: str = "absolute",
+        mode: str = "auto",
+        stop_at_floor: bool = False,
+        max_reductions: int | None = None,
+        verbose: int = 0,
+        name: str | None = None,
+    ):
+        if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or not 0.0 < factor < 1.0:
+            raise ValueError(f"Invalid value for argument `factor`: expected a number in (0, 1). Received: factor={factor!r}")
+        self.factor = float(factor)
+        self.patience = check_count("patience", patience)
+        self.cooldown = check_count("cooldown", cooldown)
+        self.min_lr = check_real("min_lr", min_lr)
+        self.min_lr_change = check_real("min_lr_change", min_lr_change)
+        if not isinstance(stop_at_floor, bool):
+            raise TypeError(f"Invalid value for argument `stop_at_floor`: expected True or False. Received: stop_at_floor={stop_at_floor!r}")
+        self.stop_at_floor = stop_at_floor
+        self.max_reductions = check_count("max_reductions", max_reductions, allow_none=True)
+        super().__init__(
+            monitor, mode=mode, min_delta=min_delta, min_delta_mode=min_delta_mode, unit=unit,
+            burn_in=burn_in, verbose=verbose, name=name,
+        )
+
+    def _reset(self) -> None:
+        super()._reset()
+        self.reductions = 0
+        self.reduced_evaluation: int | None = None
+        self.reduced_samples: int | None = None
+        self.stopped_samples: int | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """Whether this callback stopped training."""
+        return self.stopped_samples is not None
+
+    # -- the learning rate -----------------------------------------------------------------------
+    def _schedule_callback(self) -> Any:
+        from kfit.callbacks._hyperparameter_schedules import LearningRateSchedule
+
+        for peer in self.peers():
+            if isinstance(peer, LearningRateSchedule):
+                return peer
+        return None
+
+    def _optimizer_variable(self) -> Any:
+        from kfit.optimizers import hyperparameter_variable
+
+        optimizer = getattr(self.training_model, "optimizer", None)
+        if optimizer is None:
+            raise ValueError("ReduceLROnPlateau needs a compiled model with an optimizer.")
+        return hyperparameter_variable(optimizer, "learning_rate")
+
+    def learning_rate(self) -> float:
+        """The learning rate this callback reduces: the schedule's current value, or the optimizer's."""
+        schedule = self._schedule_callback()
+        if schedule is not None:
+            return float(schedule.learning_rate())
+        return float(np.asarray(_backend.read_variable(self.training_model, self._optimizer_variable())))
+
+    def _set_learning_rate(self, value: float) -> None:
+        schedule = self._schedule_callback()
+        if schedule is not None:
+            schedule.reset_learning_rate(value)  # applied, and announced, at the next step
+            return
+        _backend.set_variable(self.training_model, self._optimizer_variable(), value)
+        self.publish("on_hyperparameter_change", "lr", value, value, "per_minibatch")
+
+    # -- decisions -------------------------------------------------------------------------------
+    def decide(self, value: float, improved: bool, now: int) -> None:
+        if improved or self.stopped or self.in_burn_in(now):
+            return
+        cooldown_end = None
+        if self.reduced_evaluation is not None:
+            cooldown_end = self.ticks(self.reduced_evaluation, self.reduced_samples) + self.duration(self.cooldown)
+            if now <= cooldown_end:
+                return
+        self.wait += 1
+        references = () if cooldown_end is None else (cooldown_end,)
+        if self.since(now, *references) < self.duration(self.patience):
+            return
+        if self.max_reductions is not None and self.reductions >= self.max_reductions:
+            self._stop(f"{self.reductions} reductions made (max_reductions={self.max_reductions}): stopping.")
+            return
+        old = self.learning_rate()
+        new = max(old * self.factor, self.min_lr)
+        if old - new <= self.min_lr_change:
+            if self.stop_at_floor:
+                self._stop(f"the learning rate {old:.6g} is at its floor (min_lr={self.min_lr}): stopping.")
+            return
+        self._set_learning_rate(new)
+        self.reductions += 1
+        self.reduced_evaluation = self.evaluations
+        self.reduced_samples = self.clock.samples
+        self.wait = 0
+        self.say(f"{self.monitor} = {value:.6g} has not improved on {self.best}: learning rate {old:.6g} -> {new:.6g}.")
+
+    def _stop(self, message: str) -> None:
+        self.stopped_samples = self.clock.samples
+        self.training_model.stop_training = True
+        self.say(message)
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        super().on_train_begin(logs)
+        if self.stopped:
+            self.training_model.stop_training = True
+
+    # -- state -----------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        state.update(
+            reductions=self.reductions,
+            reduced_evaluation=self.reduced_evaluation,
+            reduced_samples=self.reduced_samples,
+            stopped_samples=self.stopped_samples,
+        )
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        self.reductions = int(state.get("reductions", 0))
+        for key in ("reduced_evaluation", "reduced_samples", "stopped_samples"):
+            value = state.get(key)
+            setattr(self, key, None if value is None else int(value))
+        if self.stopped and getattr(self, "_model", None) is not None:
+            self._model.stop_training = True

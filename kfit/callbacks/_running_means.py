@@ -1,0 +1,210 @@
+"""Per-interval means from Keras's running epoch means, shared by the progress callbacks.
+
+Keras's train step logs the mean of each metric over the epoch so far, ``m_k`` after ``n_k`` samples. The
+mean over the samples between two readings ``a`` and ``b`` (CNTK's "loss over minibatches 11-20") is::
+
+    (m_b * n_b - m_a * n_a) / (n_b - n_a)
+
+so only the readings at interval boundaries need converting (each conversion is a device sync). The
+formula is exact for sample-weighted means (the loss and Keras's built-in metrics); in float32 it loses
+about ``n_b / (n_b - n_a)`` times float32's relative precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+
+from kfit.clock import Clock
+
+#: Keys of the epoch logs that are hyperparameters, not metrics.
+HYPERPARAMETER_KEYS = ("lr", "momentum", "minibatch_size")
+
+
+def to_float(value: Any) -> float | None:
+    """A log value (Python number, NumPy or backend scalar) as a float; None when it is not a number."""
+    try:
+        return float(keras.ops.convert_to_numpy(value))
+    except (TypeError, ValueError, AttributeError, RuntimeError):
+        return None
+
+
+def is_loss_key(key: str) -> bool:
+    return key == "loss" or key.endswith("_loss")
+
+
+def first_metric_key(keys: Any) -> str | None:
+    """The first compiled metric among the keys of training logs (not a loss, a validation result or a
+    hyperparameter), or None."""
+    for key in keys:
+        if not is_loss_key(key) and not key.startswith(("val_", "test_")) and key not in HYPERPARAMETER_KEYS:
+            return key
+    return None
+
+
+def is_due(index: int, freq: int | None, first: int = 0) -> bool:
+    """Whether the ``index``-th minibatch of an epoch (1-based) ends a progress interval.
+
+    ``freq`` > 0: every ``freq`` minibatches; ``freq == 0``: at 1, 2, 4, 8, ...; None: never. The first
+    ``first`` minibatches always end one.
+    """
+    if index <= first:
+        return True
+    if freq is None:
+        return False
+    if freq == 0:
+        return index & (index - 1) == 0
+    return index % freq == 0
+
+
+def samples_in_epoch(clock: Clock) -> int:
+    """Samples already trained in the current epoch (0 when the clock has no epoch size)."""
+    return clock.samples_in_epoch if clock.epoch_size else 0
+
+
+def is_cut(clock: Clock, size: int, previous: int | None, max_samples: int | None = None) -> bool:
+    """True when ``size`` is a minibatch shortened to end at the epoch end (or ``max_samples``) rather than
+    a change of the scheduled size."""
+    if previous is None or size >= previous:
+        return False
+    end = clock.samples + size
+    return end == clock.epoch_end() or end == max_samples
+
+
+@dataclass
+class Interval:
+    """The minibatches ``first``..``last`` of an epoch (1-based), ``samples`` samples, and their means."""
+
+    first: int
+    last: int
+    samples: int
+    means: dict[str, float]
+
+
+class IntervalMeans:
+    """Follows one epoch's intervals: where the last one ended, and the running means there.
+
+    Its state (``get_state``) lets a run resumed mid-epoch continue the interval it was in.
+    """
+
+    def __init__(self) -> None:
+        self.epoch_start_samples = 0
+        self.epoch_start_minibatches = 0
+        self.last_minibatch = 0
+        self.last_samples = 0
+        self.last_means: dict[str, float] = {}
+        self._restored: dict[str, Any] | None = None
+
+    def begin_epoch(self, clock: Clock, model: Any = None) -> None:
+        """Starts an epoch at the clock's reading (a resumed run may start in the middle of one)."""
+        done = samples_in_epoch(clock)
+        start = clock.samples - done
+        restored, self._restored = self._restored, None
+        if done and restored is not None and restored.get("epoch_start_samples") == start:
+            self._load(restored)
+            return
+        self.epoch_start_samples = start
+        self.epoch_start_minibatches = clock.minibatches
+        self.last_minibatch = 0
+        self.last_samples = done
+        # Resumed mid-epoch without our state: the restored metric state is the baseline.
+        self.last_means = _current_means(model) if done and model is not None else {}
+        if not self.last_means:
+            self.last_samples = 0  # no baseline: the first interval reports the running mean itself
+
+    def index(self, clock: Clock) -> int:
+        """The 1-based index, within the epoch, of the minibatch the clock has just counted."""
+        return clock.minibatches - self.epoch_start_minibatches
+
+    def samples(self, clock: Clock) -> int:
+        """Samples of the current epoch counted by the clock."""
+        return clock.samples - self.epoch_start_samples
+
+    def interval(self, clock: Clock, logs: dict | None, keys: Any = None) -> Interval:
+        """Closes the interval at the clock's reading; ``logs`` are the running means there."""
+        logs = logs or {}
+        n_b = self.samples(clock)
+        n_a = self.last_samples
+        current = {}
+        for key in keys if keys is not None else list(logs):
+            if key in logs:
+                value = to_float(logs[key])
+                if value is not None:
+                    current[key] = value
+        means = {}
+        count = n_b - n_a
+        for key, m_b in current.items():
+            m_a = self.last_means.get(key, 0.0)
+            means[key] = (m_b * n_b - m_a * n_a) / count if count > 0 else m_b
+        interval = Interval(self.last_minibatch + 1, self.index(clock), count, means)
+        self.last_minibatch = interval.last
+        self.last_samples = n_b
+        self.last_means = current
+        return interval
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "epoch_start_samples": self.epoch_start_samples,
+            "epoch_start_minibatches": self.epoch_start_minibatches,
+            "last_minibatch": self.last_minibatch,
+            "last_samples": self.last_samples,
+            "last_means": dict(self.last_means),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        # Applied at the next begin_epoch, once the clock is restored, if it is the same epoch.
+        self._restored = dict(state) if state else None
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self.epoch_start_samples = int(state["epoch_start_samples"])
+        self.epoch_start_minibatches = int(state["epoch_start_minibatches"])
+        self.last_minibatch = int(state["last_minibatch"])
+        self.last_samples = int(state["last_samples"])
+        self.last_means = {k: float(v) for k, v in state.get("last_means", {}).items()}
+
+
+def _current_means(model: Any) -> dict[str, float]:
+    try:
+        results = model.get_metrics_result()
+    except Exception:  # noqa: BLE001 - a baseline is a nicety; without one the interval starts at 0
+        return {}
+    return {k: v for k, v in ((k, to_float(v)) for k, v in results.items()) if v is not None}
+
+
+class ScheduledValues:
+    """The minibatch size and the hyperparameters as scheduled, ignoring the minibatches shortened to end
+    an epoch (or ``max_samples``) and what a schedule applies to them (e.g. ``lr_s * B`` for a smaller
+    ``B``)."""
+
+    def __init__(self) -> None:
+        self.size: int | None = None
+        self.values: dict[str, float] = {}
+
+    def reset(self) -> None:
+        self.size = None
+        self.values = {}
+
+    def is_cut_step(self, clock: Clock, model: Any) -> bool:
+        """True when the minibatch about to be trained is shortened to end an epoch (or the run)."""
+        from kfit.training._context import get_context
+
+        context = get_context(model) if model is not None else None
+        size = clock.minibatch_size
+        return size is not None and is_cut(clock, size, self.size, getattr(context, "max_samples", None))
+
+    def observe_size(self, clock: Clock, model: Any) -> bool:
+        """Notes the size of the minibatch about to be trained; True when the scheduled size changed."""
+        size = clock.minibatch_size
+        if size is None or size == self.size or self.is_cut_step(clock, model):
+            return False
+        self.size = size
+        return True
+
+    def observe(self, name: str, value: float, clock: Clock, model: Any) -> bool:
+        """Notes a hyperparameter change; True when it is a change of the scheduled value."""
+        if self.values.get(name) == value or self.is_cut_step(clock, model):
+            return False
+        self.values[name] = float(value)
+        return True

@@ -1,0 +1,237 @@
+"""Scalars against the sample clock in TensorBoard event files, written without TensorFlow or TensorBoard.
+
+An event file is a sequence of TFRecords (length, masked CRC-32C of the length, data, masked CRC-32C of
+the data), each an ``Event`` protocol buffer. kfit writes the three kinds it needs by hand: the file
+version, a ``SessionLog.START`` at the step a run starts from (TensorBoard then drops the points a
+resumed run trains again), and ``Summary`` scalars (``simple_value``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+from typing import Any
+
+from kfit import distributed
+from kfit.callbacks._base import KfitCallback
+from kfit.callbacks._running_means import IntervalMeans, ScheduledValues, is_due, to_float
+from kfit.clock import Clock
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC_TABLE = _crc32c_table()
+
+
+def _masked_crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    value &= 0xFFFFFFFFFFFFFFFF
+    while True:
+        bits = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(bits | 0x80)
+        else:
+            out.append(bits)
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _event(wall_time: float, step: int, body: bytes) -> bytes:
+    # Event: wall_time = 1 (double), step = 2 (int64), then file_version = 3, summary = 5 or session_log = 7.
+    return b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step) + body
+
+
+class EventFileWriter:
+    """Appends scalar events to a new TensorBoard event file in ``log_dir``.
+
+    Example:
+        >>> import tempfile
+        >>> writer = EventFileWriter(tempfile.mkdtemp())
+        >>> writer.scalar("loss", 0.5, step=64); writer.close()
+    """
+
+    def __init__(self, log_dir: str | os.PathLike):
+        os.makedirs(log_dir, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{time.time_ns() % 10**9}.kfit"
+        self.path = os.path.join(os.fspath(log_dir), name)
+        self._file = open(self.path, "ab")
+        self._write(b"\x09" + struct.pack("<d", time.time()) + _field(3, b"brain.Event:2"))
+
+    def _write(self, event: bytes) -> None:
+        header = struct.pack("<Q", len(event))
+        self._file.write(header + struct.pack("<I", _masked_crc32c(header)) + event + struct.pack("<I", _masked_crc32c(event)))
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        """Writes ``value`` under ``tag`` at ``step``."""
+        summary_value = _field(1, tag.encode("utf-8")) + b"\x15" + struct.pack("<f", float(value))
+        self._write(_event(time.time(), int(step), _field(5, _field(1, summary_value))))
+
+    def session_start(self, step: int) -> None:
+        """Marks a (re)start at ``step``: TensorBoard discards the points written before at this step or later."""
+        self._write(_event(time.time(), int(step), _field(7, b"\x08\x01")))
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardProgressWriter(KfitCallback):
+    """Writes the run's scalars to TensorBoard event files, with the sample clock as the step.
+
+    Scalars: ``loss`` and each metric (and Keras's ``val_*``) at every epoch end, with ``lr``,
+    ``momentum`` (the values per minibatch, as applied), ``minibatch_size`` and ``samples_per_second``;
+    ``val_*`` results at every cross-validation and ``test_*`` results after the final test; ``lr`` and
+    ``momentum`` also whenever a schedule changes them, and ``minibatch_size`` whenever it changes. With
+    ``freq``, the means over each interval of ``freq`` minibatches as ``minibatch/loss``,
+    ``minibatch/<metric>``. Every step is ``clock.samples``.
+
+    Each run writes a new event file in ``log_dir`` that starts with a restart mark at the clock's value,
+    so a resumed run replaces the points that it trains again. Needs neither TensorFlow nor TensorBoard
+    to write; view with ``tensorboard --logdir LOG_DIR``. Only the chief worker writes.
+
+    Args:
+        freq: also write minibatch-level scalars every ``freq`` minibatches (a positive integer), or None.
+        log_dir: the directory of the event files (created if missing).
+        name: the key of this callback's state in checkpoints.
+
+    Raises:
+        ValueError: if ``freq`` is not a positive integer or None, or ``log_dir`` is not a path.
+
+    Example:
+        >>> import kfit
+        >>> writer = kfit.callbacks.TensorBoardProgressWriter(freq=10, log_dir="logs/run1")
+        >>> # kfit.fit(model, x, y, minibatch_size=64, callbacks=[writer])
+    """
+
+    default_name = "tensorboard_progress_writer"
+
+    def __init__(self, freq: int | None = None, log_dir: str | os.PathLike = ".", name: str | None = None):
+        super().__init__(name=name)
+        if freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 1):
+            raise ValueError(
+                f"Invalid value for argument `freq`: expected a positive integer (minibatches) or None. Received: freq={freq!r}"
+            )
+        if not isinstance(log_dir, (str, os.PathLike)):
+            raise ValueError(f"Invalid value for argument `log_dir`: expected a path. Received: log_dir={log_dir!r}")
+        self.freq = freq
+        self.log_dir = os.fspath(log_dir)
+        self._writer: EventFileWriter | None = None
+        self._started = False
+        self._intervals = IntervalMeans()
+        self._scheduled = ScheduledValues()
+        self._epoch_time = 0.0
+        self._epoch_samples = 0
+
+    def write_value(self, tag: str, value: float, step: int) -> None:
+        """Writes one scalar (on the chief only)."""
+        if not distributed.is_chief():
+            return
+        if self._writer is None:
+            self._writer = EventFileWriter(self.log_dir)
+        self._writer.scalar(tag, value, step)
+
+    def _write_logs(self, logs: dict, step: int, skip: tuple = ()) -> None:
+        for key, value in logs.items():
+            number = to_float(value)
+            if key not in skip and number is not None:
+                self.write_value(key, number, step)
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._started = False
+        self._scheduled.reset()
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        clock = self.clock
+        self._mark_start(clock)
+        self._intervals.begin_epoch(clock, self.training_model)
+        self._epoch_time = time.perf_counter()
+        self._epoch_samples = clock.samples
+
+    def _mark_start(self, clock: Clock) -> None:
+        # Here, not in on_train_begin: a checkpoint restores the clock after every on_train_begin.
+        if not self._started and distributed.is_chief():
+            self._started = True
+            if self._writer is None:
+                self._writer = EventFileWriter(self.log_dir)
+            # Points at the restored clock reading itself were written before the checkpoint: keep them.
+            self._writer.session_start(clock.samples + 1 if clock.samples else 0)
+
+    def on_step_begin(self, clock: Clock) -> None:
+        self._mark_start(clock)
+        if self._scheduled.observe_size(clock, self.training_model):
+            self.write_value("minibatch_size", clock.minibatch_size, clock.samples)
+
+    def on_step_end(self, clock: Clock, logs: dict | None) -> None:
+        if self.freq is None or not is_due(self._intervals.index(clock), self.freq) or not distributed.is_chief():
+            return
+        interval = self._intervals.interval(clock, logs)
+        for key, value in interval.means.items():
+            self.write_value(f"minibatch/{key}", value, clock.samples)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        clock = self.clock
+        seconds = time.perf_counter() - self._epoch_time
+        scheduled = dict(self._scheduled.values)
+        if self._scheduled.size is not None:
+            scheduled["minibatch_size"] = self._scheduled.size
+        self._write_logs({**(logs or {}), **scheduled}, clock.samples)
+        if seconds > 0:
+            self.write_value("samples_per_second", (clock.samples - self._epoch_samples) / seconds, clock.samples)
+        self.flush()
+
+    def on_cross_validation_end(self, index: int, logs: dict) -> None:
+        step = logs.get("samples")
+        step = self.clock.samples if step is None else int(step)
+        self._write_logs(logs, step, skip=("samples", "val_index", "val_samples", "val_minibatches"))
+        self.flush()
+
+    def on_test_end(self, logs: dict) -> None:
+        self._write_logs(logs, self.clock.samples, skip=("test_samples", "test_minibatches"))
+        self.flush()
+
+    def on_hyperparameter_change(self, name: str, value: float, scheduled: float, unit: str) -> None:
+        clock = self.clock
+        if self._scheduled.observe(name, value, clock, self.training_model):
+            self.write_value(name, value, clock.samples)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    # -- state -----------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {"intervals": self._intervals.get_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._intervals.set_state(state.get("intervals"))

@@ -1,0 +1,146 @@
+"""A test evaluation when training ends (CNTK's TestConfig)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kfit.callbacks._base import KfitCallback
+from kfit.callbacks._cross_validation import (
+    EvaluationData,
+    average_error,
+    check_minibatch_size,
+    choose_metric,
+    evaluate,
+    is_accuracy,
+    minibatch_size_at,
+)
+from kfit.clock import get_clock
+
+
+class Test(KfitCallback):
+    """Evaluates the model on ``data`` once, when training ends, and reports the result.
+
+    The results go
+
+    * into the run's ``History`` (``kfit.fit``'s return value) as ``test_<name>`` lists of one value, with
+      ``test_average_error``, ``test_samples`` and ``test_minibatches``;
+    * to every kfit callback of the run through ``on_test_end(logs)`` (progress printers, CSV writers);
+    * into :attr:`results` (None until the test has run);
+    * to stdout, as CNTK prints them: ``Finished Evaluation [1]: Minibatch[1-12]: metric = 3.06% * 360;``
+      (the error ``1 - accuracy`` in percent for an accuracy, else the value), unless the run has a
+      :class:`kfit.callbacks.ProgressPrinter`, which prints that line itself, or ``verbose=0``.
+
+    Under ``kfit.fit`` it runs after the controllers (``order = 50``): a model whose best weights an
+    :class:`EarlyStopping` restores is tested with them. Under plain ``model.fit``, put it after them in
+    the callback list. It does not need the sample clock.
+
+    Args:
+        data: ``(x, y)`` or ``(x, y, sample_weight)`` (see :class:`CrossValidation`).
+        minibatch_size: the evaluation's minibatch size: a positive int or a minibatch-size schedule (read
+            at the clock's final value).
+        metric: the result that gives ``test_average_error`` and the printed metric (default: the first
+            compiled metric, else the loss).
+        verbose: 0 prints nothing.
+        name: the key of this callback's state in checkpoints.
+
+    Raises:
+        TypeError: ``data`` not in one of the accepted forms.
+        ValueError: a bad ``minibatch_size`` or ``metric``; at the start of training, ``data`` whose inputs
+            do not fit the model.
+
+    Example:
+        >>> import numpy as np, kfit
+        >>> x, y = np.zeros((360, 64), "float32"), np.zeros((360,), "int64")
+        >>> test = kfit.callbacks.Test((x, y), minibatch_size=32)
+        >>> test.data.num_samples, test.results
+        (360, None)
+    """
+
+    __test__ = False  # not a pytest test class
+    default_name = "test"
+    order = 50
+
+    def __init__(
+        self,
+        data: Any,
+        minibatch_size: Any = 32,
+        metric: str | None = None,
+        verbose: int = 1,
+        name: str | None = None,
+    ):
+        super().__init__(name=name)
+        self.data = EvaluationData(data, "Test")
+        self.minibatch_size = check_minibatch_size(minibatch_size, "Test")
+        if metric is not None and (not isinstance(metric, str) or not metric):
+            raise ValueError(f"Invalid value for argument `metric`: expected a metric's name or None. Received: metric={metric!r}")
+        self.metric = metric
+        if verbose not in (0, 1, True, False):
+            raise ValueError(f"Invalid value for argument `verbose`: expected 0 or 1. Received: verbose={verbose!r}")
+        self.verbose = int(verbose)
+        #: The test's logs (``test_*``), once it has run.
+        self.results: dict[str, Any] | None = None
+
+    # The test needs no clock: the per-step hooks do nothing.
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        pass
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        pass
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.data.check_model(self.training_model)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self.run()
+
+    def run(self) -> dict[str, Any]:
+        """Evaluates now and reports the results (see the class); returns the ``test_*`` logs."""
+        model = self.model  # on JAX this syncs the loop's state into the variables
+        size = minibatch_size_at(self.minibatch_size, get_clock(model))
+        batches = self.data.minibatches(size)
+        results = evaluate(model, batches)
+        key = choose_metric(model, results, self.metric, "Test")
+        logs: dict[str, Any] = {f"test_{k}": v for k, v in results.items()}
+        logs.update(
+            test_average_error=average_error(key, results[key]),
+            test_samples=batches.num_samples,
+            test_minibatches=len(batches),
+        )
+        self.results = logs
+        history = self._history()
+        if history is not None:
+            for k, v in logs.items():
+                history.history[k] = [v]
+        self.publish("on_test_end", dict(logs))
+        if self.verbose and not self._printer_present():
+            from kfit import distributed
+
+            if distributed.is_chief():
+                print(self._line(key, results[key], batches.num_samples, len(batches)), flush=True)
+        return logs
+
+    @staticmethod
+    def _line(key: str, value: float, samples: int, minibatches: int) -> str:
+        if is_accuracy(key):
+            metric = f"metric = {(1.0 - value) * 100.0:.2f}%"
+        else:
+            metric = f"metric = {value:.6f}"
+        return f"Finished Evaluation [1]: Minibatch[1-{minibatches}]: {metric} * {samples};"
+
+    def _history(self) -> Any:
+        from kfit.training._context import get_context
+
+        context = get_context(self.training_model)
+        if context is not None and context.history is not None:
+            return context.history
+        return getattr(self.training_model, "history", None)
+
+    def _printer_present(self) -> bool:
+        return any(type(p).__name__ == "ProgressPrinter" for p in self.peers())
+
+    def get_state(self) -> dict[str, Any]:
+        return {"results": None if self.results is None else dict(self.results)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        results = state.get("results")
+        self.results = None if results is None else dict(results)

@@ -1,0 +1,287 @@
+"""Full-state checkpoints: one HDF5 file holds everything a run needs to go on exactly where it stopped.
+
+The :class:`kfit.callbacks.Checkpoint` callback saves and restores during :func:`kfit.fit` (and, as far as
+it can, under plain ``model.fit``). The functions here do the same for users who write their own loops:
+
+* :func:`save_checkpoint` / :func:`load_checkpoint`: the model's and optimizer's variables, the metric
+  variables, the clock, the stream, callback states, the history and the global random states;
+* :func:`read_checkpoint_info`: what a file holds, without restoring it (``kfit inspect PATH`` prints it);
+* :func:`list_checkpoints`: the files of one checkpoint path, newest first.
+
+File names: ``PATH`` always holds the newest checkpoint; with ``preserve_all`` or ``keep > 1`` every
+checkpoint is also kept as ``PATH.<samples>`` (the clock's sample count when it was taken). The file
+layout, the checksum and the crash-safe write are described in ``kfit/checkpoint/_format.py``.
+
+Example:
+    >>> import os, tempfile, keras, kfit
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> path = os.path.join(tempfile.mkdtemp(), "run.ckpt")
+    >>> _ = kfit.save_checkpoint(path, model)
+    >>> info = kfit.load_checkpoint(path, model)
+    >>> info.checksum_ok, [v.path for v in info.variables if v.group == "model"]
+    (True, ['sequential/dense/kernel', 'sequential/dense/bias'])
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from kfit.checkpoint import _format, _state
+from kfit.checkpoint._format import (
+    FORMAT_VERSION,
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+)
+
+
+@dataclass(frozen=True)
+class VariableInfo:
+    """One stored variable: its group (``model``, ``optimizer``, ``metrics``), path, shape and dtype."""
+
+    group: str
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass
+class CheckpointInfo:
+    """What a checkpoint file holds.
+
+    Attributes:
+        path: the file.
+        format_version, kfit_version, keras_version, backend, created: how and when it was written.
+        samples, minibatches, epoch, samples_in_epoch, epoch_size, minibatch_size: the clock (None without one).
+        hyperparameters: the optimizer's scalar variables (``learning_rate``, ``momentum``, ...), by name.
+        last_metrics: the metrics of the last finished epoch.
+        variables: every stored variable.
+        optimizer: the optimizer's class name.
+        kfit_fit: True when saved inside ``kfit.fit`` (exact mid-epoch resume possible).
+        checksum_ok: True when every stored byte matched its checksum, None when not checked.
+        problem: what is wrong with the file when ``checksum_ok`` is False.
+    """
+
+    path: str
+    format_version: int
+    kfit_version: str
+    keras_version: str
+    backend: str
+    created: str
+    samples: int | None
+    minibatches: int | None
+    epoch: int | None
+    samples_in_epoch: int | None
+    epoch_size: int | None
+    minibatch_size: int | None
+    hyperparameters: dict[str, float] = field(default_factory=dict)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    variables: list[VariableInfo] = field(default_factory=list)
+    optimizer: str | None = None
+    kfit_fit: bool = False
+    checksum_ok: bool | None = None
+    problem: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (for ``kfit inspect --json``)."""
+        out = dict(self.__dict__)
+        out["variables"] = [dict(v.__dict__, shape=list(v.shape)) for v in self.variables]
+        return out
+
+
+def _info(path: str, meta: dict, checksum_ok: bool | None, problem: str | None = None) -> CheckpointInfo:
+    summary = meta.get("summary", {})
+    shapes = {entry["name"]: entry for entry in meta["arrays"]}
+    variables = []
+    for group in _state.GROUPS:
+        for i, variable_path in enumerate(meta["variables"].get(group, [])):
+            entry = shapes[f"{group}/{i}"]
+            variables.append(VariableInfo(group, variable_path, tuple(entry["shape"]), entry["dtype"]))
+    optimizer = meta.get("optimizer")
+    return CheckpointInfo(
+        path=path, format_version=meta["format_version"], kfit_version=meta.get("kfit_version", "?"),
+        keras_version=meta.get("keras_version", "?"), backend=meta.get("backend", "?"), created=meta.get("created", "?"),
+        samples=summary.get("samples"), minibatches=summary.get("minibatches"), epoch=summary.get("epoch"),
+        samples_in_epoch=summary.get("samples_in_epoch"), epoch_size=summary.get("epoch_size"),
+        minibatch_size=summary.get("minibatch_size"), hyperparameters=summary.get("hyperparameters", {}),
+        last_metrics=summary.get("last_metrics", {}), variables=variables,
+        optimizer=None if optimizer is None else optimizer["class"], kfit_fit=bool(meta.get("kfit_fit")),
+        checksum_ok=checksum_ok, problem=problem,
+    )
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    model: Any,
+    *,
+    clock: Any = None,
+    stream: Any = None,
+    callbacks: list | None = None,
+    history: Any = None,
+    keep: int = 1,
+    preserve_all: bool = False,
+) -> str:
+    """Saves the whole training state of ``model`` to ``path``, atomically.
+
+    Inside a run (a callback of :func:`kfit.fit`) the clock, stream, callbacks and history are the run's;
+    outside one, pass those you have (the model's clock, if one is attached, is taken by default).
+
+    Args:
+        path: the checkpoint file. Its directory is created if needed.
+        model: a built Keras model (its optimizer and metric variables are saved too).
+        clock: a :class:`kfit.Clock`.
+        stream: a :class:`kfit.data.SampleStream`.
+        callbacks: callbacks whose ``get_state()`` is saved (keyed by their ``name``; other Keras callbacks
+            by class name).
+        history: a ``keras.callbacks.History``.
+        keep: how many numbered checkpoints ``PATH.<samples>`` to keep (1: only ``PATH``).
+        preserve_all: keep every checkpoint as ``PATH.<samples>``.
+
+    Returns:
+        The checksum of the written file (``"crc32:..."``).
+
+    Raises:
+        CheckpointError: the file cannot be written (the message names the path and the reason); the
+            previous checkpoint at ``path`` is then untouched.
+        ValueError: two callbacks have the same state key; a callback's state is not plain data.
+
+    Example:
+        >>> # in a custom loop, every 10_000 samples:
+        >>> # kfit.save_checkpoint("run.ckpt", model, clock=clock, stream=stream, callbacks=[early_stopping])
+    """
+    _check_keep(keep, preserve_all)
+    path = os.fspath(path)
+    _make_directory(path)
+    parts = _state.training_parts(model, clock, stream, callbacks, history)
+    arrays, meta = _state.collect(parts)
+    samples = meta["summary"]["samples"] or 0
+    return _format.write_checkpoint(path, arrays, meta, samples, keep=keep, preserve_all=preserve_all)
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: Any,
+    *,
+    clock: Any = None,
+    stream: Any = None,
+    callbacks: list | None = None,
+    history: Any = None,
+    random_state: bool = True,
+) -> CheckpointInfo:
+    """Restores a checkpoint into ``model`` (and the clock, stream, callbacks and history given).
+
+    The whole file is checked first (its checksum, every variable present with the right shape and dtype,
+    the optimizer's class, the data's length); only then is anything assigned, so a checkpoint that does
+    not fit changes nothing. An unbuilt optimizer is built first.
+
+    Args:
+        path: the checkpoint file.
+        model: a built, compiled model like the one that saved it.
+        clock, stream, callbacks, history: the parts to restore (inside a run: the run's, by default).
+        random_state: also restore the NumPy, Python and (on PyTorch) torch global random states.
+
+    Returns:
+        A :class:`CheckpointInfo` of the file restored.
+
+    Raises:
+        CheckpointNotFoundError: no file at ``path``.
+        CheckpointCorruptError: the file is truncated or damaged (the message says where).
+        CheckpointMismatchError: the checkpoint does not fit (names the first variable that differs).
+
+    Example:
+        >>> # model = build_model(); model.compile(...); model.build(input_shape)
+        >>> # info = kfit.load_checkpoint("run.ckpt", model, clock=clock); info.samples
+    """
+    path = os.fspath(path)
+    parts = _state.training_parts(model, clock, stream, callbacks, history)
+    meta, arrays = _format.read_file(path)
+    restore = _state.plan_restore(parts, meta, arrays, path)
+    _state.apply_restore(parts, restore, meta, arrays, random_state=random_state)
+    return _info(path, meta, checksum_ok=True)
+
+
+def read_checkpoint_info(path: str | os.PathLike, verify: bool = True) -> CheckpointInfo:
+    """What the checkpoint at ``path`` holds, without restoring it.
+
+    Args:
+        path: the checkpoint file.
+        verify: read every array and check its checksum (``checksum_ok``); otherwise only the metadata
+            (itself always checked) is read.
+
+    Returns:
+        A :class:`CheckpointInfo`; ``checksum_ok`` is False (with ``problem``) when an array is damaged.
+
+    Raises:
+        CheckpointNotFoundError: no file at ``path``.
+        CheckpointCorruptError: the file or its metadata cannot be read.
+
+    Example:
+        >>> # info = kfit.checkpoint.read_checkpoint_info("run.ckpt"); info.samples, info.checksum_ok
+    """
+    path = os.fspath(path)
+    meta, _ = _format.read_file(path, load_arrays=False)
+    if not verify:
+        return _info(path, meta, checksum_ok=None)
+    try:
+        _format.read_file(path)
+    except CheckpointCorruptError as damage:
+        return _info(path, meta, checksum_ok=False, problem=str(damage))
+    return _info(path, meta, checksum_ok=True)
+
+
+def list_checkpoints(path: str | os.PathLike) -> list[tuple[int | None, str]]:
+    """The checkpoint files of ``path`` as ``(samples, file)``, newest first (``PATH`` before its twin).
+
+    Example:
+        >>> # A file whose metadata cannot be read is listed first, with samples None.
+        >>> # kfit.checkpoint.list_checkpoints("run.ckpt")
+        >>> # [(3000, 'run.ckpt'), (2000, 'run.ckpt.2000'), (1000, 'run.ckpt.1000')]
+    """
+    path = os.fspath(path)
+    listed = []
+    numbered = {file: samples for samples, file in _format.numbered_files(path)}
+    for file in [path] if os.path.isfile(path) else []:
+        try:
+            meta, _ = _format.read_file(file, load_arrays=False)
+            listed.append((meta.get("summary", {}).get("samples"), file))
+        except CheckpointError:
+            listed.append((None, file))
+    listed += [(samples, file) for file, samples in numbered.items()]
+    return sorted(listed, key=lambda item: (float("inf") if item[0] is None else item[0], item[1] == path), reverse=True)
+
+
+def _check_keep(keep: Any, preserve_all: Any) -> None:
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"Invalid value for argument `keep`: expected a positive integer. Received: keep={keep!r}")
+    if not isinstance(preserve_all, bool):
+        raise ValueError(f"Invalid value for argument `preserve_all`: expected True or False. Received: preserve_all={preserve_all!r}")
+
+
+def _make_directory(path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        raise CheckpointError(
+            f"Cannot write checkpoints to {path!r}: its directory {directory!r} cannot be created "
+            f"({error.strerror or error}). Give a path in a writable directory."
+        ) from error
+
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointInfo",
+    "CheckpointMismatchError",
+    "CheckpointNotFoundError",
+    "VariableInfo",
+    "list_checkpoints",
+    "load_checkpoint",
+    "read_checkpoint_info",
+    "save_checkpoint",
+]

@@ -1,0 +1,475 @@
+"""The training state: collected from a run into arrays and JSON, and put back into one.
+
+What is kept (SPEC section 4): the model's variables (weights, non-trainable state, seed-generator state),
+the optimizer's variables (slots, iteration counter, hyperparameter variables), the metric variables (so
+an epoch's running training metrics continue exactly after a mid-epoch resume), the clock, the stream's
+position and seed, the state of every callback that has ``get_state``, the history, and the NumPy, Python
+and PyTorch global random states. Variables are identified by ``variable.path``.
+
+A restore validates everything first (shapes, dtypes, the optimizer's class, the data's length, the
+callbacks' keys) and assigns only then, so a checkpoint that does not fit changes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import keras
+import numpy as np
+
+from kfit import _backend
+from kfit.checkpoint._format import CheckpointMismatchError
+
+GROUPS = ("model", "optimizer", "metrics")
+_ARRAY = "__kfit_array__"
+_PAIRS = "__kfit_dict__"  # a dict whose keys are not all strings: [[key, value], ...]
+
+
+@dataclass
+class TrainingParts:
+    """The parts of a run that a checkpoint saves and restores (any of them may be missing)."""
+
+    model: Any
+    clock: Any = None
+    stream: Any = None
+    callbacks: list = field(default_factory=list)
+    history: Any = None
+    kfit_fit: bool = False
+
+
+def training_parts(model: Any, clock: Any = None, stream: Any = None, callbacks: list | None = None,
+                   history: Any = None) -> TrainingParts:
+    """The parts given, completed from the run ``model`` is in (``kfit.get_context``) or its clock."""
+    from kfit.clock import get_clock
+    from kfit.training._context import get_context
+
+    context = get_context(model)
+    if context is not None:
+        clock = context.clock if clock is None else clock
+        stream = context.stream if stream is None else stream
+        callbacks = context.callbacks if callbacks is None else callbacks
+        history = context.history if history is None else history
+    elif clock is None:
+        clock = get_clock(model)
+    return TrainingParts(model, clock, stream, list(callbacks or []), history,
+                         kfit_fit=bool(context is not None and context.kfit_fit))
+
+
+def model_variables(model: Any) -> dict[str, list]:
+    optimizer = getattr(model, "optimizer", None)
+    return {
+        "model": list(model.variables),
+        "optimizer": list(optimizer.variables) if optimizer is not None else [],
+        "metrics": list(getattr(model, "metrics_variables", [])),
+    }
+
+
+def state_key(callback: Any) -> str:
+    """The key of a callback's state: its ``name`` for kfit callbacks, its class name otherwise."""
+    from kfit.callbacks._base import KfitCallback
+
+    return callback.name if isinstance(callback, KfitCallback) else type(callback).__name__
+
+
+def stateful_callbacks(callbacks: list) -> dict[str, Any]:
+    """The callbacks that have ``get_state``, by key (checkpoint callbacks excluded).
+
+    Raises:
+        ValueError: two callbacks have the same key.
+    """
+    from kfit.callbacks._checkpoint import Checkpoint
+
+    keyed: dict[str, Any] = {}
+    for callback in callbacks:
+        if isinstance(callback, Checkpoint) or not callable(getattr(callback, "get_state", None)):
+            continue
+        key = state_key(callback)
+        if key in keyed and keyed[key] is not callback:
+            raise ValueError(
+                f"Two callbacks keep their state under the same key {key!r} ({type(keyed[key]).__name__} and "
+                f"{type(callback).__name__}), so a checkpoint cannot tell them apart. Give them different "
+                "names, e.g. name='early_stopping_val_loss'."
+            )
+        keyed[key] = callback
+    return keyed
+
+
+# -- plain data <-> JSON + arrays ----------------------------------------------------------------------
+def _encode(value: Any, arrays: dict, prefix: str, where: str) -> Any:
+    if value is None or isinstance(value, (bool, str, int, float)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray) or keras.ops.is_tensor(value):
+        name = f"{prefix}/{sum(1 for k in arrays if k.startswith(prefix + '/'))}"
+        # A copy: the callback may change its array in place while a background write reads this one.
+        arrays[name] = np.array(value, copy=True) if isinstance(value, np.ndarray) else keras.ops.convert_to_numpy(value)
+        return {_ARRAY: name}
+    if isinstance(value, Mapping):
+        if all(isinstance(k, str) for k in value) and _ARRAY not in value and _PAIRS not in value:
+            return {k: _encode(v, arrays, prefix, f"{where}[{k!r}]") for k, v in value.items()}
+        return {_PAIRS: [[_encode(k, arrays, prefix, where), _encode(v, arrays, prefix, f"{where}[{k!r}]")]
+                         for k, v in value.items()]}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v, arrays, prefix, f"{where}[{i}]") for i, v in enumerate(value)]
+    raise TypeError(
+        f"{where} holds a {type(value).__name__}, which a checkpoint cannot store: get_state() must return "
+        "plain data (None, bool, int, float, str, lists, dicts) and NumPy arrays."
+    )
+
+
+def _decode(value: Any, arrays: dict) -> Any:
+    if isinstance(value, list):
+        return [_decode(v, arrays) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {_ARRAY}:
+            return arrays[value[_ARRAY]]
+        if set(value) == {_PAIRS}:
+            return {_hashable(_decode(k, arrays)): _decode(v, arrays) for k, v in value[_PAIRS]}
+        return {k: _decode(v, arrays) for k, v in value.items()}
+    return value
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
+
+
+# -- collecting ----------------------------------------------------------------------------------------
+def host_view(value: Any) -> np.ndarray:
+    """A NumPy array of a tensor's value, sharing the tensor's host memory where the backend allows.
+
+    ``keras.ops.convert_to_numpy`` always copies into fresh memory, which for a large model can cost more
+    than writing the file. The view is valid until the next training step changes or frees the buffer:
+    copy it (``np.copyto``) to keep it longer. (A backend difference: a candidate for ``kfit._backend``.)
+    """
+    if _backend.BACKEND == "torch":
+        import torch
+
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dtype != torch.bfloat16:
+            return value.detach().numpy()
+    else:
+        array = np.asarray(value)
+        if array.dtype != object:
+            return array
+    return keras.ops.convert_to_numpy(value)
+
+
+def _host(variable: Any, name: str, buffers: dict | None) -> np.ndarray:
+    view = host_view(variable.value)
+    if buffers is None:  # written before training goes on: the view is enough
+        return view
+    buffer = buffers.get(name)
+    if buffer is None or buffer.shape != view.shape or buffer.dtype != view.dtype:
+        buffer = buffers[name] = np.empty_like(view)
+    np.copyto(buffer, view)
+    return buffer
+
+
+def _history_state(history: Any, arrays: dict, epoch: int | None, epoch_logs: dict | None) -> dict | None:
+    if history is None:
+        return None
+    record = {k: list(v) for k, v in getattr(history, "history", {}).items()}
+    epochs = list(getattr(history, "epoch", []))
+    if epoch is not None and epoch_logs and epoch not in epochs:
+        # Under plain model.fit the History callback runs after this one: count the epoch that just ended.
+        epochs.append(epoch)
+        for key, value in epoch_logs.items():
+            record.setdefault(key, []).append(value)
+    return {"epoch": _encode(epochs, arrays, "history", "history.epoch"),
+            "history": _encode(record, arrays, "history", "history.history")}
+
+
+def _random_state(arrays: dict) -> dict:
+    algorithm, keys, pos, has_gauss, gauss = np.random.get_state()
+    arrays["rng/numpy"] = np.array(keys, copy=True)
+    version, internal, gauss_next = random.getstate()
+    arrays["rng/python"] = np.array(internal, dtype=np.int64)
+    state = {"numpy": {"algorithm": algorithm, "pos": int(pos), "has_gauss": int(has_gauss), "gauss": float(gauss)},
+             "python": {"version": version, "gauss_next": gauss_next}}
+    if _backend.BACKEND == "torch":
+        import torch
+
+        arrays["rng/torch"] = torch.get_rng_state().numpy().copy()
+    return state
+
+
+def _summary(parts: TrainingParts, variables: dict, record: dict | None, epoch_logs: dict | None) -> dict:
+    clock = parts.clock
+    hyperparameters = {}
+    for variable in variables["optimizer"]:
+        if tuple(variable.shape) == () and "float" in keras.backend.standardize_dtype(variable.dtype):
+            hyperparameters[variable.path.rsplit("/", 1)[-1]] = float(host_view(variable.value))
+    metrics = {}
+    if epoch_logs:
+        metrics = {k: float(v) for k, v in epoch_logs.items() if _is_number(v)}
+    elif record:
+        metrics = {k: float(v[-1]) for k, v in record.items() if v and _is_number(v[-1])}
+    return {
+        "samples": None if clock is None else clock.samples,
+        "minibatches": None if clock is None else clock.minibatches,
+        "epoch": None if clock is None else clock.epoch,
+        "samples_in_epoch": None if clock is None else clock.samples_in_epoch,
+        "epoch_size": None if clock is None else clock.epoch_size,
+        "minibatch_size": None if clock is None else clock.minibatch_size,
+        "hyperparameters": hyperparameters,
+        "last_metrics": metrics,
+    }
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def collect(parts: TrainingParts, buffers: dict | None = None, epoch: int | None = None,
+            epoch_logs: dict | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The run's state as ``(arrays, meta)`` for :func:`kfit.checkpoint._format.write_file`.
+
+    Args:
+        parts: what to save.
+        buffers: host buffers to copy the variables into (kept between calls, so a copy never pays for fresh
+            memory); None returns views of the variables, valid until the next training step.
+        epoch, epoch_logs: the epoch that just ended and its logs, when saving at an epoch end.
+    """
+    import kfit
+
+    model = parts.model
+    _backend.sync_model(model)
+    arrays: dict[str, np.ndarray] = {}
+    variables = model_variables(model)
+    paths = {}
+    for group in GROUPS:
+        paths[group] = [v.path for v in variables[group]]
+        for i, variable in enumerate(variables[group]):
+            arrays[f"{group}/{i}"] = _host(variable, f"{group}/{i}", buffers)
+    callback_states = {
+        key: _encode(callback.get_state(), arrays, "callbacks", f"The state of callback {key!r}")
+        for key, callback in stateful_callbacks(parts.callbacks).items()
+    }
+    history = _history_state(parts.history, arrays, epoch, epoch_logs)
+    optimizer = getattr(model, "optimizer", None)
+    meta = {
+        "kfit_version": kfit.__version__,
+        "keras_version": keras.__version__,
+        "backend": _backend.BACKEND,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "kfit_fit": parts.kfit_fit,
+        "model": {"name": model.name, "class": type(model).__name__},
+        "optimizer": None if optimizer is None else {"name": optimizer.name, "class": type(optimizer).__name__},
+        "variables": paths,
+        "clock": None if parts.clock is None else _encode(parts.clock.get_state(), arrays, "clock", "clock"),
+        "stream": None if parts.stream is None else _encode(parts.stream.get_state(), arrays, "stream", "stream"),
+        "callbacks": callback_states,
+        "history": history,
+        "rng": _random_state(arrays),
+        "summary": _summary(parts, variables, None if history is None else history["history"], epoch_logs),
+    }
+    return arrays, meta
+
+
+# -- restoring -----------------------------------------------------------------------------------------
+def _normalized(path: str) -> str:
+    """``sequential_1/dense_2/kernel`` -> ``sequential/dense/kernel``: Keras numbers layers it auto-names."""
+    return re.sub(r"_\d+(?=/|_|$)", "", path)
+
+
+def _describe(path: str, shape: Any, dtype: str) -> str:
+    return f"{path!r} (shape {tuple(shape)}, {dtype})"
+
+
+def _match_group(group: str, variables: list, saved: list[str], arrays: dict, file: str) -> list[tuple[Any, np.ndarray]]:
+    """Pairs each variable with its array, by path, else by position when the paths differ only in Keras's
+    automatic numbering (a model built twice in one process). Raises naming the first variable that differs."""
+    current = [v.path for v in variables]
+    stored = [arrays[f"{group}/{i}"] for i in range(len(saved))]
+    if len(set(current)) == len(current) == len(set(saved)) == len(saved) and set(current) == set(saved):
+        where = {path: i for i, path in enumerate(saved)}
+        order = [where[path] for path in current]
+    else:
+        order = list(range(len(current)))
+        for i, path in enumerate(current):
+            if i >= len(saved) or _normalized(path) != _normalized(saved[i]):
+                v = variables[i]
+                found = (f"the checkpoint's variable {i} is {saved[i]!r}" if i < len(saved)
+                         else f"the checkpoint holds only {len(saved)} {group} variables")
+                raise CheckpointMismatchError(
+                    f"The checkpoint {file!r} does not fit this model: {group} variable "
+                    f"{_describe(v.path, v.shape, keras.backend.standardize_dtype(v.dtype))} is not in it "
+                    f"({found}). Restore into a model (and optimizer) built like the one that saved it."
+                )
+        if len(saved) > len(current):
+            raise CheckpointMismatchError(
+                f"The checkpoint {file!r} does not fit this model: it holds {len(saved)} {group} variables and "
+                f"the model {len(current)}; the first one the model lacks is {saved[len(current)]!r}. Restore into "
+                "a model (and optimizer) built like the one that saved it."
+            )
+    pairs = []
+    for variable, index in zip(variables, order):
+        pairs.append((variable, _fit_array(group, variable, saved[index], stored[index], file)))
+    return pairs
+
+
+def _fit_array(group: str, variable: Any, saved_path: str, array: np.ndarray, file: str) -> np.ndarray:
+    dtype = keras.backend.standardize_dtype(variable.dtype)
+    saved_as = "" if saved_path == variable.path else f", saved as {saved_path!r}"
+    if tuple(variable.shape) != array.shape:
+        raise CheckpointMismatchError(
+            f"The checkpoint {file!r} does not fit this model: {group} variable {variable.path!r} has shape "
+            f"{tuple(variable.shape)} in the model and {array.shape} in the checkpoint{saved_as}. Restore into "
+            "a model built like the one that saved it."
+        )
+    if array.dtype.name != dtype:
+        converted = array.astype(dtype)
+        back = converted.astype(array.dtype)
+        exact = np.array_equal(back, array, equal_nan=array.dtype.kind == "f")
+        if not exact:
+            raise CheckpointMismatchError(
+                f"The checkpoint {file!r} does not fit this model: {group} variable {variable.path!r} is "
+                f"{dtype} in the model and {array.dtype.name} in the checkpoint{saved_as}, and its values do not "
+                "convert exactly. Restore into a model with the same dtypes (mixed-precision policy)."
+            )
+        array = converted
+    return array
+
+
+@dataclass
+class _Restore:
+    """Everything validated and ready to assign."""
+
+    assignments: list = field(default_factory=list)
+    callback_states: list = field(default_factory=list)
+    stream_state: dict | None = None
+    clock_state: dict | None = None
+    history: dict | None = None
+    metrics_restored: bool = False
+    notes: list = field(default_factory=list)
+
+
+def _build_optimizer(model: Any, meta: dict, file: str) -> None:
+    optimizer = getattr(model, "optimizer", None)
+    saved = meta.get("optimizer")
+    if saved is None or optimizer is None:
+        if saved is not None and meta["variables"]["optimizer"]:
+            raise CheckpointMismatchError(
+                f"The checkpoint {file!r} holds the state of a {saved['class']} optimizer, and the model has no "
+                "optimizer. Compile the model with the optimizer it was trained with before restoring."
+            )
+        return
+    if saved["class"] != type(optimizer).__name__:
+        raise CheckpointMismatchError(
+            f"The checkpoint {file!r} was saved with a {saved['class']} optimizer, and this model's optimizer is a "
+            f"{type(optimizer).__name__}. Compile the model with the optimizer it was trained with."
+        )
+    if not optimizer.built and meta["variables"]["optimizer"]:
+        if not model.trainable_variables:
+            return  # the model check reports the unbuilt model
+        optimizer.build(model.trainable_variables)
+
+
+def plan_restore(parts: TrainingParts, meta: dict, arrays: dict, file: str) -> _Restore:
+    """Checks that the checkpoint fits the run and prepares every assignment; changes nothing."""
+    model = parts.model
+    restore = _Restore()
+    if meta.get("backend") != _backend.BACKEND:
+        restore.notes.append(
+            f"The checkpoint {file!r} was written on the {meta.get('backend')} backend and is restored on "
+            f"{_backend.BACKEND}: the run goes on from the same weights, but not bit-identically."
+        )
+    if meta["variables"]["model"] and not model.variables:
+        raise CheckpointMismatchError(
+            f"The model is not built, so the checkpoint {file!r} cannot be restored into it. Build it first "
+            "(model.build(input_shape), or call it on a batch), then restore."
+        )
+    _build_optimizer(model, meta, file)
+    variables = model_variables(model)
+    for group in ("model", "optimizer"):
+        restore.assignments += _match_group(group, variables[group], meta["variables"][group], arrays, file)
+    if meta["variables"]["metrics"] and variables["metrics"]:  # unbuilt metrics have nothing to restore
+        try:
+            restore.assignments += _match_group("metrics", variables["metrics"], meta["variables"]["metrics"], arrays, file)
+            restore.metrics_restored = True
+        except CheckpointMismatchError as mismatch:
+            restore.notes.append(f"The training metrics are not restored (they start afresh): {mismatch}")
+
+    if parts.stream is not None and meta.get("stream"):
+        saved, have = meta["stream"].get("num_samples"), parts.stream.num_samples
+        if saved is not None and saved != have:
+            raise CheckpointMismatchError(
+                f"The checkpoint {file!r} was taken on training data of {saved} samples, and this run's data holds "
+                f"{have}. Resume with the same training data (the stream's position would mean other samples)."
+            )
+        restore.stream_state = _decode(meta["stream"], arrays)
+
+    if parts.clock is not None and meta.get("clock"):
+        state = dict(_decode(meta["clock"], arrays))
+        have = parts.clock.epoch_size
+        if have and state.get("epoch_size") and state["epoch_size"] != have:
+            restore.notes.append(
+                f"The checkpoint {file!r} was taken with epoch_size={state['epoch_size']}; this run uses "
+                f"epoch_size={have}, which is kept (epochs are counted from it from now on)."
+            )
+            state["epoch_size"] = have
+        restore.clock_state = state
+
+    saved_states = meta.get("callbacks") or {}
+    keyed = stateful_callbacks(parts.callbacks)
+    for key, callback in keyed.items():
+        if key in saved_states:
+            restore.callback_states.append((callback, _decode(saved_states[key], arrays)))
+        elif callback.get_state():
+            restore.notes.append(f"The checkpoint {file!r} holds no state for callback {key!r}: it starts afresh.")
+    unused = sorted(set(saved_states) - set(keyed))
+    if unused:
+        restore.notes.append(f"The checkpoint {file!r} holds the state of callbacks {unused}, which this run does not have.")
+    if parts.history is not None and meta.get("history"):
+        restore.history = _decode(meta["history"], arrays)
+    return restore
+
+
+def apply_restore(parts: TrainingParts, restore: _Restore, meta: dict, arrays: dict, random_state: bool = True) -> None:
+    """Assigns a validated restore. Callback states go first and are rolled back if one refuses its state."""
+    done = []
+    try:
+        for callback, state in restore.callback_states:
+            done.append((callback, callback.get_state()))
+            callback.set_state(state)
+        if restore.stream_state is not None:
+            parts.stream.set_state(restore.stream_state)
+    except Exception:
+        for callback, previous in reversed(done):
+            callback.set_state(previous)
+        raise
+    model = parts.model
+    _backend.sync_model(model)
+    for variable, array in restore.assignments:
+        variable.assign(array)
+    if restore.clock_state is not None:
+        parts.clock.set_state(restore.clock_state)
+    if restore.history is not None:
+        parts.history.history = {k: list(v) for k, v in restore.history["history"].items()}
+        parts.history.epoch = list(restore.history["epoch"])
+    if random_state:
+        _set_random_state(meta["rng"], arrays)
+    for note in restore.notes:
+        warnings.warn(note, stacklevel=3)
+
+
+def _set_random_state(state: dict, arrays: dict) -> None:
+    numpy_state = state["numpy"]
+    np.random.set_state((numpy_state["algorithm"], arrays["rng/numpy"].astype(np.uint32), numpy_state["pos"],
+                         numpy_state["has_gauss"], numpy_state["gauss"]))
+    python_state = state["python"]
+    random.setstate((python_state["version"], tuple(int(v) for v in arrays["rng/python"]), python_state["gauss_next"]))
+    if _backend.BACKEND == "torch" and "rng/torch" in arrays:
+        import torch
+
+        torch.set_rng_state(torch.from_numpy(np.ascontiguousarray(arrays["rng/torch"], dtype=np.uint8)))

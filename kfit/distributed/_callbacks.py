@@ -1,0 +1,273 @@
+"""Horovod's Keras callbacks, for Keras 3: broadcast, metric averaging, learning-rate warm-up.
+
+Same names and arguments as ``horovod.keras.callbacks``, so a Horovod-Keras script ports by changing its
+imports. They are for plain ``model.fit``; :func:`kfit.fit` broadcasts and averages by itself (adding
+them there is harmless), and :class:`LearningRateWarmupCallback` works under both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from kfit import _backend
+from kfit.clock import get_clock
+from kfit.distributed import _check_rank, rank, size
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Broadcasts rank ``root_rank``'s model and optimizer variables to every worker when training begins.
+
+    Every worker then starts from the same weights, whatever its random initialization, or from the
+    checkpoint that rank 0 alone loaded. Unlike Horovod-Keras (which broadcast after the first batch, once
+    TensorFlow 1 had created the optimizer's slots), Keras 3 builds the optimizer before training, so the
+    broadcast happens in ``on_train_begin`` and the first step already starts from the same state.
+
+    Args:
+        root_rank: the rank whose state every worker takes (usually 0).
+        device: accepted for compatibility with Horovod; unused.
+
+    Raises:
+        ValueError: ``root_rank`` is not a rank.
+
+    Example:
+        >>> import kfit.distributed as hvd
+        >>> callbacks = [hvd.BroadcastGlobalVariablesCallback(0), hvd.MetricAverageCallback()]
+        >>> # model.fit(x, y, callbacks=callbacks, ...)
+    """
+
+    def __init__(self, root_rank: int, device: str = ""):
+        super().__init__()
+        _check_rank(root_rank)
+        self.root_rank = root_rank
+        self.device = device
+        self.broadcast_done = False
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if size() == 1:
+            return
+        from kfit.distributed import _state
+
+        model = self.model
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        _state.broadcast_variables(_state._state_variables(model), self.root_rank)
+        self.broadcast_done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Averages the epoch's metrics over the workers, weighted by the samples each one used.
+
+    At each epoch end, every numeric entry of the logs becomes the average over the workers, each weighted
+    by the samples it trained on in the epoch (for ``val_*`` entries: the samples it evaluated), so a mean
+    metric equals the one computed over all the workers' samples. The logs are changed in place: put this
+    callback before those that read them (checkpoints, early stopping, loggers), as with Horovod.
+
+    Args:
+        device: accepted for compatibility with Horovod; unused.
+
+    Example:
+        >>> import kfit.distributed as hvd
+        >>> callbacks = [hvd.MetricAverageCallback(), keras.callbacks.CSVLogger("log.csv")]
+    """
+
+    def __init__(self, device: str = ""):
+        super().__init__()
+        self.device = device
+        self._train_count: float | None = None
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._train_count = None
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        # model.fit validates through model.evaluate, which resets the metrics: count the training
+        # samples first (model.fit has synced the state on JAX by now).
+        if self._train_count is None:
+            self._train_count = self._count()
+
+    def _count(self) -> float:
+        from kfit.distributed import _state
+
+        return _state.local_sample_count(self.model)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is None or size() == 1:
+            return
+        from kfit.distributed import _state
+
+        train_count = self._train_count if self._train_count is not None else self._count()
+        val_count = self._count() if self._train_count is not None else train_count
+        train = {k: v for k, v in logs.items() if not k.startswith("val_")}
+        val = {k: v for k, v in logs.items() if k.startswith("val_")}
+        logs.update(_state.average_logs(train, train_count))
+        logs.update(_state.average_logs(val, val_count))
+        self._train_count = None
+
+
+class LearningRateWarmupCallback(keras.callbacks.Callback):
+    """Gradual learning-rate warm-up from ``initial_lr / size()`` to ``initial_lr`` (Goyal et al., 2017).
+
+    With ``size()`` workers the global minibatch is ``size()`` times larger, so the linear scaling rule
+    multiplies the learning rate by ``size()``: ``initial_lr`` is that scaled rate (Horovod's meaning).
+    Starting at it can diverge, so the rate rises linearly from the single-worker rate::
+
+        lr = initial_lr / size * (1 + (size - 1) * p),   p = (S + B) / W   (clipped to 1)
+
+    set before each step, where ``S`` is the sample clock before the step, ``B`` the step's global
+    minibatch size and ``W`` the warm-up length in samples: ``warmup_samples``, or
+    ``warmup_epochs * epoch_size`` on kfit's clock. Under plain ``model.fit`` without a
+    :class:`kfit.callbacks.SampleClock`, Horovod's formula in epochs is used:
+    ``p = (epoch + (batch + 1) / steps_per_epoch) / warmup_epochs``. After the warm-up the learning rate is
+    left alone (a later schedule may take over). The epoch's logs get ``lr``.
+
+    Momentum correction (Goyal et al.): Keras's classic momentum keeps the learning rate inside the
+    velocity (``v = mu*v - lr*g``), so when the rate changes from ``lr`` to ``lr'`` the velocity is
+    rescaled by using ``mu * lr' / lr`` as the momentum for that one step. It needs the momentum in a
+    variable: ``kfit.optimizers.MomentumSGD(variant="keras")`` is corrected; CNTK's update
+    (``MomentumSGD(variant="cntk")``, the default) keeps summed gradients in its buffer and applies the rate
+    outside it, so it needs no correction; optimizers without momentum need none.
+
+    Args:
+        initial_lr: the learning rate after warm-up (the single-worker rate times ``size()``).
+        warmup_epochs: warm-up length in epochs (ignored when ``warmup_samples`` is given).
+        momentum_correction: apply the momentum correction above.
+        steps_per_epoch: steps per epoch under plain ``model.fit`` without a clock (default: Keras's).
+        verbose: 1 prints when the warm-up ends (on rank 0).
+        warmup_samples: warm-up length in samples on kfit's clock (global samples over all workers).
+
+    Raises:
+        ValueError: a non-positive ``initial_lr``, a negative ``warmup_epochs``, a non-positive
+            ``steps_per_epoch`` or ``warmup_samples``; at ``on_train_begin``, ``warmup_samples`` without kfit's
+            clock, or momentum correction asked for an optimizer whose momentum is a Python float
+            (``keras.optimizers.SGD(momentum>0)``: use ``kfit.optimizers.MomentumSGD(variant="keras")`` or
+            ``momentum_correction=False``).
+
+    Example:
+        >>> import kfit.distributed as hvd
+        >>> warmup = hvd.LearningRateWarmupCallback(initial_lr=0.1 * hvd.size(), warmup_samples=50_000)
+    """
+
+    def __init__(
+        self,
+        initial_lr: float,
+        warmup_epochs: float = 5,
+        momentum_correction: bool = True,
+        steps_per_epoch: int | None = None,
+        verbose: int = 0,
+        *,
+        warmup_samples: int | None = None,
+    ):
+        super().__init__()
+        if isinstance(initial_lr, bool) or not isinstance(initial_lr, (int, float)) or not initial_lr > 0:
+            raise ValueError(f"Invalid value for argument `initial_lr`: expected a positive float. Received: initial_lr={initial_lr!r}")
+        if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, (int, float)) or warmup_epochs < 0:
+            raise ValueError(f"Invalid value for argument `warmup_epochs`: expected a non-negative number. Received: warmup_epochs={warmup_epochs!r}")
+        for argument, value in (("steps_per_epoch", steps_per_epoch), ("warmup_samples", warmup_samples)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"Invalid value for argument `{argument}`: expected a positive integer or None. Received: {argument}={value!r}")
+        if not isinstance(momentum_correction, bool):
+            raise ValueError(f"Invalid value for argument `momentum_correction`: expected True or False. Received: momentum_correction={momentum_correction!r}")
+        self.initial_lr = float(initial_lr)
+        self.warmup_epochs = warmup_epochs
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.verbose = verbose
+        self.warmup_samples = warmup_samples
+        self.current_epoch = 0
+        self._lr_variable = None
+        self._momentum_variable = None
+        self._restore_momentum: float | None = None
+        self._last_lr: float | None = None
+        self._finished = False
+
+    # -- setup ---------------------------------------------------------------------------------------
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        from kfit.optimizers import hyperparameter_variable
+
+        model = self._model
+        optimizer = model.optimizer
+        self._lr_variable = hyperparameter_variable(optimizer, "learning_rate")
+        self._momentum_variable = None
+        if self.momentum_correction:
+            inner = getattr(optimizer, "inner_optimizer", optimizer)
+            momentum = getattr(inner, "momentum", None)
+            if isinstance(momentum, keras.Variable):
+                if getattr(inner, "variant", "keras") == "keras":
+                    self._momentum_variable = momentum
+            elif isinstance(momentum, (int, float)) and not isinstance(momentum, bool) and momentum > 0:
+                raise ValueError(
+                    f"LearningRateWarmupCallback(momentum_correction=True) needs the momentum in a variable, but "
+                    f"{type(inner).__name__} keeps momentum={momentum} as a Python float compiled into the train step. "
+                    "Use kfit.optimizers.MomentumSGD(variant='keras', momentum=...) (Keras's update, momentum in a "
+                    "variable), or pass momentum_correction=False."
+                )
+        clock = get_clock(model)
+        if self.warmup_samples is not None and clock is None:
+            raise ValueError(
+                "LearningRateWarmupCallback(warmup_samples=...) counts kfit's global samples: train with kfit.fit, "
+                "or add kfit.callbacks.SampleClock(batch_size=..., num_samples=...) to model.fit's callbacks."
+            )
+        if clock is None and not self.steps_per_epoch:
+            self.steps_per_epoch = (self.params or {}).get("steps")
+            if not self.steps_per_epoch:
+                raise ValueError(
+                    "LearningRateWarmupCallback could not find the number of steps per epoch: pass steps_per_epoch=..."
+                )
+        self._last_lr = float(_backend.read_variable(model, self._lr_variable))
+        self._finished = False
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.current_epoch = epoch
+
+    # -- the schedule ----------------------------------------------------------------------------------
+    def progress(self, batch: int) -> float | None:
+        """The warm-up's progress ``p`` after the coming step (None once the warm-up is over)."""
+        clock = get_clock(self._model)
+        if clock is not None and clock.minibatch_size is not None and (self.warmup_samples or clock.epoch_size):
+            length = self.warmup_samples or self.warmup_epochs * clock.epoch_size
+            if length <= 0 or clock.samples >= length:
+                return None
+            return min((clock.samples + clock.minibatch_size) / length, 1.0)
+        if self.warmup_epochs <= 0 or self.current_epoch >= self.warmup_epochs:
+            return None
+        return min((self.current_epoch + (batch + 1) / self.steps_per_epoch) / self.warmup_epochs, 1.0)
+
+    def learning_rate(self, progress: float) -> float:
+        """``initial_lr / size * (1 + (size - 1) * progress)``."""
+        n = size()
+        return self.initial_lr / n * (1.0 + (n - 1) * progress)
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        clock = get_clock(self._model)
+        if clock is not None and clock.driver is not None:
+            clock.driver.batch_begin(clock)  # under model.fit: the step's size, once per step
+        p = self.progress(batch)
+        if p is None:
+            if not self._finished and self._last_lr is not None:
+                self._finished = True
+            return
+        new_lr = self.learning_rate(p)
+        old_lr = self._last_lr
+        if new_lr == old_lr:
+            return
+        model = self._model
+        _backend.set_variable(model, self._lr_variable, new_lr)
+        if self._momentum_variable is not None and old_lr:
+            momentum = float(_backend.read_variable(model, self._momentum_variable))
+            self._restore_momentum = momentum
+            _backend.set_variable(model, self._momentum_variable, momentum * new_lr / old_lr)
+        self._last_lr = new_lr
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self._restore_momentum is not None:
+            _backend.set_variable(self._model, self._momentum_variable, self._restore_momentum)
+            self._restore_momentum = None
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is not None and self._last_lr is not None:
+            logs["lr"] = self._last_lr
+        if self.verbose and self._finished and rank() == 0 and not getattr(self, "_announced", False):
+            self._announced = True
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {self._last_lr:g}.")

@@ -1,0 +1,196 @@
+"""Horovod's collective operations, per backend: the one place that imports Horovod.
+
+Horovod's Keras layer (``horovod.keras``, ``horovod.tensorflow.keras``) does not work with Keras 3, so kfit
+calls Horovod's collective operations itself, through one framework plugin per process:
+
+* TensorFlow backend: ``horovod.tensorflow``. The gradient sum is a ``HorovodGroupedAllreduce`` op inside
+  the traced train step (so the step cannot be XLA-compiled); host operations run the same ops eagerly.
+* PyTorch backend: ``horovod.torch``, on the step's CPU tensors.
+* JAX backend: Horovod has no JAX plugin. The jitted step hands its gradients to the host with
+  ``jax.experimental.io_callback`` (ordered), where ``horovod.torch`` sums them, and takes the result back.
+
+Two plugins in one process would start two Horovod runtimes, so host operations (broadcast, metric
+averaging, the stop flag) use the same plugin as the step. Nothing here runs, nor imports Horovod,
+outside ``horovodrun``: :func:`launched` reads the environment that ``horovodrun`` sets.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import keras
+import numpy as np
+
+BACKEND = keras.backend.backend()
+
+#: Environment variables through which a launcher tells a process its rank (horovodrun with Gloo sets
+#: HOROVOD_RANK; mpirun sets the OpenMPI or PMI ones).
+LAUNCHER_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+INSTALL_HINT = (
+    "Horovod with its TensorFlow and PyTorch plugins is not installed in this environment. "
+    "Run `bash scripts/install_horovod.sh` (it builds Horovod 0.28.1 for Keras 3's backends)."
+)
+
+_hvd: Any = None  # the framework plugin in use: horovod.tensorflow or horovod.torch
+
+
+def launched() -> bool:
+    """True when this process was started by ``horovodrun`` (or ``mpirun``) as one of several workers."""
+    return any(name in os.environ for name in LAUNCHER_VARIABLES)
+
+
+def plugin_name() -> str:
+    """The Horovod plugin this backend uses: ``horovod.tensorflow`` or ``horovod.torch``."""
+    return "horovod.tensorflow" if BACKEND == "tensorflow" else "horovod.torch"
+
+
+def plugin() -> Any:
+    """The initialized Horovod plugin (imported and initialized on first use).
+
+    Raises:
+        ImportError: Horovod, or its plugin for this backend, is not installed (the message says how
+            to install it).
+    """
+    global _hvd
+    if _hvd is None:
+        import importlib
+
+        try:
+            module = importlib.import_module(plugin_name())
+        except ImportError as error:
+            raise ImportError(f"{INSTALL_HINT} ({plugin_name()}: {error})") from error
+        module.init()
+        _hvd = module
+    return _hvd
+
+
+def initialized() -> bool:
+    return _hvd is not None
+
+
+def shutdown() -> None:
+    """Stops Horovod's runtime (elastic mode re-initializes it after a reset)."""
+    global _hvd
+    if _hvd is not None:
+        _hvd.shutdown()
+
+
+# -- host (NumPy) collectives -------------------------------------------------------------------------
+def _to_frontend(array: np.ndarray) -> Any:
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(array)
+    import torch
+
+    return torch.from_numpy(np.array(array, copy=True))
+
+
+def _to_numpy(tensor: Any) -> np.ndarray:
+    return np.asarray(tensor.numpy())
+
+
+def _tf_name(name: str) -> str:
+    return name.replace(".", "_")
+
+
+def host_sum(arrays: list[np.ndarray], name: str) -> list[np.ndarray]:
+    """Sums NumPy arrays over all workers with one grouped allreduce (returns new arrays)."""
+    hvd = plugin()
+    tensors = [_to_frontend(np.ascontiguousarray(a)) for a in arrays]
+    if BACKEND == "tensorflow":
+        out = hvd.grouped_allreduce(tensors, op=hvd.Sum, name=_tf_name(name), ignore_name_scope=True)
+    else:
+        out = hvd.grouped_allreduce(tensors, op=hvd.Sum, name=name)
+    return [_to_numpy(t) for t in out]
+
+
+def host_broadcast(array: np.ndarray, root_rank: int, name: str) -> np.ndarray:
+    """Rank ``root_rank``'s ``array`` on every worker (same shape and dtype on every worker)."""
+    hvd = plugin()
+    tensor = _to_frontend(np.ascontiguousarray(array))
+    if BACKEND == "tensorflow":
+        out = hvd.broadcast(tensor, root_rank, name=_tf_name(name), ignore_name_scope=True)
+    else:
+        out = hvd.broadcast(tensor, root_rank, name=name)
+    return _to_numpy(out)
+
+
+def broadcast_bytes(payload: bytes | None, root_rank: int, name: str) -> bytes:
+    """Rank ``root_rank``'s ``payload`` on every worker (the others pass anything, e.g. None)."""
+    length = np.array([len(payload) if payload is not None else 0], dtype=np.int64)
+    length = int(host_broadcast(length, root_rank, f"{name}.length")[0])
+    if length == 0:
+        return b""
+    buffer = np.frombuffer(payload, dtype=np.uint8) if payload is not None and len(payload) == length else np.zeros(length, np.uint8)
+    return host_broadcast(buffer, root_rank, name).tobytes()
+
+
+# -- the gradient sum inside the compiled train step --------------------------------------------------
+def _tf_step_sum(tensors: list, name: str, average: bool) -> list:
+    hvd = plugin()
+    op = hvd.Average if average else hvd.Sum
+    return list(hvd.grouped_allreduce(tensors, op=op, name=_tf_name(name), ignore_name_scope=True))
+
+
+def _torch_step_sum(tensors: list, name: str, average: bool) -> list:
+    hvd = plugin()
+    op = hvd.Average if average else hvd.Sum
+    return list(hvd.grouped_allreduce([t.contiguous() for t in tensors], op=op, name=name))
+
+
+def _jax_step_sum(tensors: list, name: str, average: bool) -> list:
+    import jax
+    from jax.experimental import io_callback
+
+    hvd = plugin()
+    op = hvd.Average if average else hvd.Sum
+    shapes = [jax.ShapeDtypeStruct(t.shape, t.dtype) for t in tensors]
+
+    def reduce_on_host(*arrays: np.ndarray) -> list[np.ndarray]:
+        import torch
+
+        host = [torch.from_numpy(np.array(a, copy=True)) for a in arrays]
+        out = hvd.grouped_allreduce(host, op=op, name=name)
+        return [o.numpy() for o in out]
+
+    return list(io_callback(reduce_on_host, shapes, *tensors, ordered=True))
+
+
+def step_sum(tensors: list, name: str, average: bool = False) -> list:
+    """Sums (or averages) backend tensors over all workers inside the train step: one grouped allreduce.
+
+    Args:
+        tensors: backend tensors (traced on TensorFlow and JAX), same shapes and dtypes on every worker.
+        name: the collective's name, the same on every worker.
+        average: average instead of sum.
+    """
+    if not tensors:
+        return []
+    if BACKEND == "tensorflow":
+        return _tf_step_sum(tensors, name, average)
+    if BACKEND == "jax":
+        return _jax_step_sum(tensors, name, average)
+    return _torch_step_sum(tensors, name, average)
+
+
+def check_step_compilable(model: Any = None) -> None:
+    """Refuses an XLA-compiled TensorFlow step: Horovod's TensorFlow ops have no XLA kernels."""
+    if BACKEND != "tensorflow":
+        return
+    import tensorflow as tf
+
+    try:
+        from tensorflow.python.ops import control_flow_util
+
+        in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+    except (ImportError, AttributeError):  # pragma: no cover - TensorFlow moved its internals
+        in_xla = False
+    if in_xla:
+        raise ValueError(
+            "kfit.distributed.DistributedOptimizer cannot run inside an XLA-compiled TensorFlow train step: "
+            "Horovod's TensorFlow operations have no XLA kernels. Compile the model with "
+            "model.compile(..., jit_compile=False), or train with kfit.fit (which does it for you)."
+        )

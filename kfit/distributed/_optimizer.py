@@ -1,0 +1,258 @@
+"""``DistributedOptimizer``: a Keras 3 optimizer whose gradients are summed over Horovod's workers.
+
+Keras 3 trains through one method on every backend: the train step calls ``optimizer.apply(grads, vars)``
+on TensorFlow (through ``apply_gradients``) and PyTorch, and ``optimizer.stateless_apply`` on JAX, which
+calls ``apply`` inside a ``StatelessScope``. Horovod-Keras hooked methods that Keras 3 no longer calls
+(``get_gradients``, ``_aggregate_gradients``), so its optimizer trains each worker on its own without an
+error. kfit overrides ``apply``: the gradients of the step go through one grouped allreduce (fused by
+Horovod into one buffer), then the optimizer's own update runs on the result.
+
+How the workers' gradients are combined. Keras losses are means over the minibatch, so worker ``r``'s
+gradient ``g_r`` is the mean over its ``n_r`` samples. Under :func:`kfit.fit` the train step knows
+``n_r`` (the leading dimension of its inputs), and the allreduce carries it too::
+
+    g = sum_r(n_r * g_r) / sum_r(n_r)
+
+which is the mean gradient of the whole global minibatch, also when its size does not divide evenly
+among the workers (worker shares differ by one sample). Under plain ``model.fit`` (Horovod's usage),
+the workers' gradients are averaged, ``g = mean_r(g_r)``, as Horovod does: each worker's minibatch
+counts equally. Both assume a loss reduced by its mean over the minibatch (Keras's default).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+
+from kfit.distributed import _horovod
+
+
+class Compression:
+    """How gradients travel in the allreduce (Horovod's ``hvd.Compression``).
+
+    ``Compression.none`` sends them as they are; ``Compression.fp16`` sends floating-point gradients as
+    float16 and casts the sum back, halving the bytes sent at the cost of precision.
+    """
+
+    none = "none"
+    fp16 = "fp16"
+
+
+#: Reduction operations accepted by :func:`DistributedOptimizer` (Horovod's ``hvd.Average``, ``hvd.Sum``).
+Average = "average"
+Sum = "sum"
+
+GRADIENTS_NAME = "kfit.gradients"
+
+
+@dataclass(frozen=True)
+class _Options:
+    op: str
+    compression: str
+    num_groups: int
+    name: str
+
+
+# The number of samples of the step being traced, set by the train-step hook that prepare_model installs
+# (a Python int on JAX and PyTorch, a scalar tensor of the traced graph on TensorFlow).
+_step = threading.local()
+
+
+def _local_count() -> Any:
+    return getattr(_step, "count", None)
+
+
+def _groups(items: list, num_groups: int) -> list[list]:
+    if num_groups <= 1 or len(items) <= 1:
+        return [items]
+    num_groups = min(num_groups, len(items))
+    size, extra = divmod(len(items), num_groups)
+    out, start = [], 0
+    for g in range(num_groups):
+        stop = start + size + (1 if g < extra else 0)
+        out.append(items[start:stop])
+        start = stop
+    return out
+
+
+def reduce_gradients(grads: list, options: _Options) -> list:
+    """The workers' gradients combined (see the module's docstring); ``None`` entries stay ``None``."""
+    ops = keras.ops
+    index = [i for i, g in enumerate(grads) if g is not None]
+    if not index:
+        return grads
+    dense = [_dense(grads[i]) for i in index]
+    dtypes = [g.dtype for g in dense]
+    count = _local_count()
+    weighted = options.op == Average and count is not None
+    if weighted:
+        n = ops.cast(count, dense[0].dtype)
+        dense = [g * ops.cast(n, g.dtype) for g in dense]
+    if options.compression == Compression.fp16:
+        dense = [ops.cast(g, "float16") if _is_float(g) else g for g in dense]
+    average = options.op == Average and not weighted
+    groups = _groups(list(range(len(dense))), options.num_groups)
+    reduced: list = [None] * len(dense)
+    for k, group in enumerate(groups):
+        tensors = [dense[i] for i in group]
+        if weighted and k == len(groups) - 1:
+            tensors.append(ops.reshape(ops.cast(count, "float32"), (1,)))
+        name = options.name if len(groups) == 1 else f"{options.name}.{k}"
+        out = _horovod.step_sum(tensors, name, average=average)
+        if weighted and k == len(groups) - 1:
+            total = out.pop()
+        for i, value in zip(group, out):
+            reduced[i] = value
+    reduced = [ops.cast(r, dtype) for r, dtype in zip(reduced, dtypes)]
+    if weighted:
+        reduced = [r / ops.cast(total[0], r.dtype) for r in reduced]
+    out = list(grads)
+    for i, value in zip(index, reduced):
+        out[i] = value
+    return out
+
+
+def _dense(gradient: Any) -> Any:
+    # TensorFlow gives tf.IndexedSlices for embedding lookups; the allreduce sums dense tensors.
+    if _horovod.BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        if isinstance(gradient, tf.IndexedSlices):
+            return tf.convert_to_tensor(gradient)
+    return gradient
+
+
+def _is_float(tensor: Any) -> bool:
+    return keras.backend.standardize_dtype(tensor.dtype).startswith(("float", "bfloat"))
+
+
+class _DistributedMixin:
+    """Overrides ``apply``: the step's gradients are reduced over the workers before the update."""
+
+    _kfit_distributed = True
+
+    def apply(self, grads, trainable_variables=None):
+        from kfit import distributed
+
+        if distributed.size() > 1 and len(grads) > 0:
+            _horovod.check_step_compilable()
+            grads = reduce_gradients(list(grads), self._kfit_horovod_options)
+        return super().apply(grads, trainable_variables)
+
+
+_classes: dict[type, type] = {}
+
+
+def _distributed_class(cls: type) -> type:
+    if cls not in _classes:
+        # Same name and module as the optimizer's class: saving the model records the plain optimizer,
+        # and loading it gives one back (wrap it again), as with Horovod.
+        _classes[cls] = type(cls.__name__, (_DistributedMixin, cls), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    return _classes[cls]
+
+
+def is_distributed(optimizer: Any) -> bool:
+    """True when ``optimizer`` was made distributed by :func:`DistributedOptimizer`."""
+    return bool(getattr(optimizer, "_kfit_distributed", False))
+
+
+def DistributedOptimizer(
+    optimizer: keras.optimizers.Optimizer,
+    name: str | None = None,
+    compression: str = Compression.none,
+    op: str = Average,
+    num_groups: int = 0,
+) -> keras.optimizers.Optimizer:
+    """Makes a Keras 3 optimizer sum its gradients over Horovod's workers at every step.
+
+    The port of ``hvd.DistributedOptimizer`` to Keras 3, for TensorFlow, JAX and PyTorch. The optimizer is
+    changed in place (its class becomes a subclass that overrides ``apply``) and returned, so both
+    ``opt = DistributedOptimizer(opt)`` and wrapping ``model.optimizer`` work, before or after the model
+    is compiled or trained. Its variables and configuration are kept; ``model.save`` records the plain
+    optimizer. Without ``horovodrun`` (one worker) it changes nothing in training.
+
+    Each step's gradients go through one grouped allreduce (``num_groups`` of them if given), which
+    Horovod fuses into one buffer: the mean gradient of all workers' samples (see the module docstring
+    for how uneven shares are weighted under ``kfit.fit``). On TensorFlow the allreduce is an op of the
+    traced step, which therefore cannot be XLA-compiled: compile with ``jit_compile=False`` (``kfit.fit``
+    does it). On JAX the jitted step calls the host with ``jax.experimental.io_callback``.
+
+    Args:
+        optimizer: a ``keras.optimizers.Optimizer`` (Keras's, kfit's, or a ``LossScaleOptimizer``).
+        name: the name of the allreduce (the same on every worker). Default ``"kfit.gradients"``.
+        compression: ``Compression.none`` or ``Compression.fp16`` (float16 on the wire).
+        op: ``Average`` (the mean gradient) or ``Sum`` (the sum of the workers' gradients).
+        num_groups: split the gradients into this many allreduce calls (0 or 1: one call).
+
+    Returns:
+        ``optimizer``, now distributed.
+
+    Raises:
+        TypeError: ``optimizer`` is not a Keras optimizer.
+        ValueError: an unknown ``compression`` or ``op``, a negative ``num_groups``, an empty ``name``.
+
+    Example:
+        >>> import keras, kfit
+        >>> opt = kfit.distributed.DistributedOptimizer(keras.optimizers.SGD(0.01 * kfit.distributed.size()))
+        >>> type(opt).__name__, kfit.distributed.is_distributed(opt)
+        ('SGD', True)
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "Argument `optimizer` must be a keras.optimizers.Optimizer. "
+            f"Received: optimizer={optimizer!r} of type {type(optimizer).__name__}"
+        )
+    if compression not in (Compression.none, Compression.fp16):
+        raise ValueError(
+            "Invalid value for argument `compression`: expected kfit.distributed.Compression.none or "
+            f"Compression.fp16. Received: compression={compression!r}"
+        )
+    if op not in (Average, Sum):
+        raise ValueError(
+            f"Invalid value for argument `op`: expected kfit.distributed.Average or Sum. Received: op={op!r}"
+        )
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
+        raise ValueError(f"Invalid value for argument `num_groups`: expected a non-negative integer. Received: num_groups={num_groups!r}")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError(f"Invalid value for argument `name`: expected a non-empty string. Received: name={name!r}")
+    if not is_distributed(optimizer):
+        optimizer.__class__ = _distributed_class(type(optimizer))
+    object.__setattr__(optimizer, "_kfit_horovod_options", _Options(op, compression, num_groups, name or GRADIENTS_NAME))
+    return optimizer
+
+
+def _count_samples(train_step: Any) -> Any:
+    """Wraps a model's ``train_step`` so that the optimizer's allreduce knows the step's local sample count."""
+
+    def counted_train_step(*args: Any) -> Any:
+        data = args[-1]
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        first = next(leaf for leaf in keras.tree.flatten(x) if leaf is not None)
+        _step.count = keras.ops.shape(first)[0]
+        try:
+            return train_step(*args)
+        finally:
+            _step.count = None
+
+    counted_train_step._kfit_counts_samples = True
+    return counted_train_step
+
+
+def prepare_model(model: keras.Model) -> None:
+    """Prepares a compiled model for data-parallel training by ``kfit.fit`` (called before its step is built).
+
+    The optimizer becomes a :func:`DistributedOptimizer` (unless it already is one), the train step tells
+    it the local sample count (so that uneven shares are weighted exactly), the TensorFlow and PyTorch
+    steps are not XLA/``torch.compile``-compiled (Horovod's ops cannot be), and the train function is
+    rebuilt so that a step traced before (by an earlier ``model.fit``) is not reused.
+    """
+    if not is_distributed(model.optimizer):
+        DistributedOptimizer(model.optimizer)
+    if not getattr(model.train_step, "_kfit_counts_samples", False):
+        object.__setattr__(model, "train_step", _count_samples(model.train_step))
+    if _horovod.BACKEND in ("tensorflow", "torch") and model.jit_compile:
+        model.jit_compile = False
+    model.train_function = None

@@ -1,0 +1,126 @@
+"""What the workers agree on besides gradients: the initial state, the stop flag, the metrics."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import keras
+import numpy as np
+
+from kfit.distributed import _horovod
+
+
+def any_true(flag: bool) -> bool:
+    """True on every worker when ``flag`` is True on any worker: one allreduce of one integer."""
+    (total,) = _horovod.host_sum([np.array([1 if flag else 0], dtype=np.int32)], "kfit.any_true")
+    return bool(total[0] > 0)
+
+
+def _state_variables(model: Any) -> list:
+    """The model's variables (weights, non-trainable state, seed generators) and its optimizer's."""
+    variables = list(model.variables)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and getattr(optimizer, "built", False):
+        variables += list(optimizer.variables)
+    return variables
+
+
+def broadcast_variables(variables: list, root_rank: int = 0, name: str = "kfit.broadcast") -> None:
+    """Assigns rank ``root_rank``'s values to ``variables`` on every worker, bit for bit.
+
+    All values travel as one byte buffer (one broadcast, whatever their dtypes). Every worker must pass
+    variables of the same shapes and dtypes in the same order.
+
+    Raises:
+        RuntimeError: this worker's variables do not match the root's in total size.
+    """
+    values = [np.ascontiguousarray(keras.ops.convert_to_numpy(v.value)) for v in variables]
+    expected = sum(v.nbytes for v in values)
+    payload = b"".join(v.tobytes() for v in values)
+    received = _horovod.broadcast_bytes(payload, root_rank, name)
+    if len(received) != expected:
+        raise RuntimeError(
+            f"Rank {root_rank}'s model and optimizer state is {len(received)} bytes, this worker's is {expected}: "
+            "every worker must build the same model and optimizer before training."
+        )
+    offset = 0
+    for variable, value in zip(variables, values):
+        data = np.frombuffer(received, dtype=value.dtype, count=value.size, offset=offset).reshape(value.shape)
+        offset += value.nbytes
+        if not np.array_equal(data.view(np.uint8), value.view(np.uint8)):
+            variable.assign(data.copy())
+
+
+def broadcast_json(value: Any, root_rank: int = 0, name: str = "kfit.broadcast_json") -> Any:
+    """Rank ``root_rank``'s JSON-serializable ``value`` on every worker."""
+    payload = json.dumps(value).encode() if _horovod.plugin().rank() == root_rank else None
+    return json.loads(_horovod.broadcast_bytes(payload, root_rank, name).decode())
+
+
+def broadcast_training_state(model: Any, root_rank: int = 0) -> None:
+    """Makes every worker hold rank ``root_rank``'s model and optimizer variables, clock and stream position."""
+    from kfit import _backend
+    from kfit.clock import get_clock
+    from kfit.training._context import get_context
+
+    _backend.sync_model(model)
+    broadcast_variables(_state_variables(model), root_rank)
+    clock = get_clock(model)
+    context = get_context(model)
+    stream = getattr(context, "stream", None)
+    state = broadcast_json(
+        {
+            "clock": clock.get_state() if clock is not None else None,
+            "position": int(stream.position) if stream is not None else None,
+        },
+        root_rank,
+    )
+    if clock is not None and state["clock"] is not None:
+        clock.set_state(state["clock"])
+    if stream is not None and state["position"] is not None:
+        stream.position = state["position"]
+
+
+def local_sample_count(model: Any) -> float:
+    """The samples this worker trained on since the metrics were reset (the loss tracker's count), or 1."""
+    for metric in getattr(model, "metrics", []):
+        count = getattr(metric, "count", None)
+        if metric.name == "loss" and isinstance(count, keras.Variable):
+            return float(keras.ops.convert_to_numpy(count.value))
+    return 1.0
+
+
+def average_logs(logs: dict, weight: float) -> dict:
+    """Averages the numeric entries of ``logs`` over the workers, weighted by ``weight`` (one allreduce).
+
+    Every worker must hold the same keys. Returns a new dict; non-numeric entries are kept as they are.
+    """
+    keys = sorted(k for k, v in logs.items() if _is_number(v))
+    if not keys:
+        return dict(logs)
+    weight = float(weight)
+    vector = np.array([weight * float(keras.ops.convert_to_numpy(logs[k])) for k in keys] + [weight], dtype=np.float64)
+    (total,) = _horovod.host_sum([vector], "kfit.metrics")
+    out = dict(logs)
+    if total[-1] <= 0:
+        return out
+    for i, key in enumerate(keys):
+        out[key] = float(total[i] / total[-1])
+    return out
+
+
+def average_metrics(logs: dict, model: Any) -> dict:
+    """The epoch's training ``logs`` averaged over the workers, each weighted by the samples it trained on."""
+    return average_logs(logs, local_sample_count(model))
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return True
+    try:
+        return keras.ops.is_tensor(value) and tuple(keras.ops.shape(value)) == ()
+    except Exception:  # noqa: BLE001 - anything that is not a scalar tensor is kept as is
+        return False
