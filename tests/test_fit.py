@@ -271,3 +271,21 @@ def test_minibatch_size_schedule_needs_kfit_fit():
     with pytest.raises(RuntimeError, match="needs kfit.fit"):
         model.fit(x, y, batch_size=4, verbose=0, callbacks=[
             kfit.callbacks.SampleClock(batch_size=4, num_samples=20), kfit.callbacks.MinibatchSizeSchedule([4, 8])])
+
+
+def test_pydataset_input_with_a_minibatch_size_schedule():
+    from test_stream import Batches
+
+    class Regression(Batches):
+        def __getitem__(self, i):
+            x, _ = super().__getitem__(i)
+            return np.repeat(x / 30.0, 4, axis=1), x / 15.0
+
+    model = compiled(mlp(), metrics=[BatchSamples()])
+    recorder = StepRecorder()
+    history = kfit.fit(model, Regression(), minibatch_size=kfit.schedules.minibatch_size([4, 8], epoch_size=30),
+                       epochs=2, seed=2, verbose=0, callbacks=[recorder])
+    assert [r["size"] for r in recorder.rows] == [4] * 7 + [2] + [8] * 3 + [6]
+    assert [s.samples for s in history.epoch_summaries] == [30, 30]
+    with pytest.raises(ValueError, match="pass x only"):
+        kfit.fit(model, Regression(), np.zeros(30), seed=0, verbose=0)

@@ -115,3 +115,43 @@ def test_prefetcher_reads_ahead_and_survives_a_mispredicted_position():
         prefetcher.close()
     with pytest.raises(ValueError, match="`prefetch`"):
         Prefetcher(stream.read, iter([]), depth=-1)
+
+
+class Batches(__import__("keras").utils.PyDataset):
+    """A PyDataset of 7 batches of 4 samples and a last one of 2 (30 samples)."""
+
+    def __init__(self, n=30, batch=4):
+        super().__init__()
+        self.x = np.arange(n, dtype="float32").reshape(n, 1)
+        self.y = np.arange(n) * 10
+        self.batch = batch
+
+    def __len__(self):
+        return -(-len(self.x) // self.batch)
+
+    def __getitem__(self, i):
+        s = slice(i * self.batch, (i + 1) * self.batch)
+        return self.x[s], self.y[s]
+
+
+def test_pydataset_stream_sweeps_cover_every_sample_and_seek():
+    from kfit.data import PyDatasetStream
+
+    stream = PyDatasetStream(Batches(), seed=7)
+    assert stream.num_samples == 30
+    for sweep in range(2):
+        x, y, _ = stream.read(sweep * 30, 30)
+        assert sorted(x[:, 0].astype(int).tolist()) == list(range(30))
+        np.testing.assert_array_equal(y, x[:, 0].astype(int) * 10)
+    # minibatches of any size, spanning batches and sweeps, are what reading in order gives
+    sizes = [3, 5, 9, 4, 13, 6]
+    whole = stream.read(0, sum(sizes))[0]
+    start = 0
+    for size in sizes:
+        fresh = PyDatasetStream(Batches(), seed=7)
+        fresh.set_state({"position": start, "seed": 7, "shuffle": True, "num_samples": 30})
+        np.testing.assert_array_equal(fresh.read(start, size)[0], whole[start:start + size])
+        start += size
+    # shares of two workers cover a global minibatch once
+    parts = [PyDatasetStream(Batches(), seed=7, rank=r, num_workers=2).read(4, 9)[0] for r in range(2)]
+    np.testing.assert_array_equal(np.concatenate(parts), whole[4:13])

@@ -20,6 +20,7 @@ from kfit.callbacks._minibatch_size_schedule import MinibatchSizeSchedule
 from kfit.callbacks._sample_clock import SampleClock, apply_minibatch_size
 from kfit.clock import Clock, attach_clock
 from kfit.data._prefetch import Prefetcher
+from kfit.data._pydataset import PyDatasetStream
 from kfit.data._stream import SampleStream, dataset_length, flatten, is_streamable, pack
 from kfit.training import _plan
 from kfit.training._context import TrainingContext, attach_context
@@ -219,11 +220,14 @@ def fit(
             validation_split, validation_data, shuffle, class_weight, sample_weight, initial_epoch,
             steps_per_epoch, validation_steps, validation_batch_size, validation_freq,
         )
-    if isinstance(x, keras.utils.PyDataset) or not is_streamable(x):
+    if isinstance(x, keras.utils.PyDataset):
+        if y is not None or sample_weight is not None:
+            raise ValueError("With a PyDataset as `x`, `y` and `sample_weight` come from the dataset's batches; pass x only.")
+    elif not is_streamable(x):
         raise ValueError(
             "kfit's stream (needed for minibatch-size schedules, epoch_size, max_samples, seed, checkpoints "
-            "that resume mid-epoch and Horovod) reads arrays: NumPy arrays, h5py datasets, or dicts/lists/tuples "
-            f"of them. Received x of type {type(x).__name__}. Convert the data to arrays, or drop the kfit-only "
+            "that resume mid-epoch and Horovod) reads arrays (NumPy arrays, h5py datasets, or dicts/lists/tuples "
+            f"of them) or a keras.utils.PyDataset. Received x of type {type(x).__name__}. Convert the data, or drop the kfit-only "
             "arguments to train through model.fit."
         )
     return _StreamFit(
@@ -312,7 +316,11 @@ class _StreamFit:
         if model.optimizer is None or not getattr(model, "compiled", True):
             raise ValueError("You must call `model.compile(...)` before kfit.fit(model, ...).")
         self.model = model
-        x, y, sample_weight = _to_host(x), _to_host(y), _to_host(sample_weight)
+        if isinstance(x, keras.utils.PyDataset):
+            if validation_split:
+                raise ValueError("`validation_split` needs arrays (as in model.fit); give `validation_data` with a PyDataset.")
+        else:
+            x, y, sample_weight = _to_host(x), _to_host(y), _to_host(sample_weight)
         if validation_split and validation_data is None:
             (x, y, sample_weight), validation_data = _split_validation(x, y, sample_weight, validation_split)
         self.validation_data = validation_data
@@ -320,10 +328,14 @@ class _StreamFit:
         self.validation_batch_size = validation_batch_size
         self.validation_freq = validation_freq
         self.class_weight = class_weight
-        self.stream = SampleStream(
-            x, y, sample_weight, shuffle=bool(shuffle), seed=int(seed or 0),
-            rank=distributed.rank(), num_workers=distributed.size(),
-        )
+        if isinstance(x, keras.utils.PyDataset):
+            self.stream = PyDatasetStream(x, shuffle=bool(shuffle), seed=int(seed or 0),
+                                          rank=distributed.rank(), num_workers=distributed.size())
+        else:
+            self.stream = SampleStream(
+                x, y, sample_weight, shuffle=bool(shuffle), seed=int(seed or 0),
+                rank=distributed.rank(), num_workers=distributed.size(),
+            )
         self.size_at, fixed_size = _size_function(minibatch_size)
         if epoch_size is None and steps_per_epoch is not None:
             if fixed_size is None:

@@ -1,0 +1,126 @@
+"""A ``keras.utils.PyDataset`` read as a seekable stream of samples.
+
+A PyDataset serves whole batches. The stream lays its batches end to end, sweep after sweep; each sweep
+visits the batches in an order shuffled by ``(seed, sweep)`` (samples inside a batch keep their order).
+A minibatch of any size is cut from that sequence, so minibatch-size schedules work, and the position is
+a function of the clock alone: seeking reads only the batches the next minibatch needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kfit.data._stream import flatten, pack, share
+
+
+def _as_triple(item: Any) -> tuple:
+    if isinstance(item, tuple):
+        if len(item) == 1:
+            return item[0], None, None
+        if len(item) == 2:
+            return item[0], item[1], None
+        if len(item) == 3:
+            return item
+        raise ValueError(f"A PyDataset batch must be x, (x,), (x, y) or (x, y, sample_weight). Received a tuple of {len(item)}.")
+    return item, None, None
+
+
+class PyDatasetStream:
+    """An endless, seekable sample stream over a ``keras.utils.PyDataset``.
+
+    Args:
+        dataset: the PyDataset; every batch but the last must hold the same number of samples.
+        shuffle: shuffle the order of the batches in each sweep.
+        seed: the stream's seed.
+        rank, num_workers: this worker's share of every global minibatch.
+
+    Raises:
+        ValueError: an empty dataset, or batches of unequal sizes before the last.
+    """
+
+    def __init__(self, dataset: Any, *, shuffle: bool = True, seed: int = 0, rank: int = 0, num_workers: int = 1):
+        self.dataset = dataset
+        num_batches = dataset.num_batches if hasattr(dataset, "num_batches") else len(dataset)
+        if num_batches is None:
+            raise ValueError("Invalid value for argument `x`: an infinite PyDataset (num_batches=None) has no sweeps to seek in. Give it a length.")
+        if num_batches < 1:
+            raise ValueError("Invalid value for argument `x`: the PyDataset is empty (0 batches).")
+        self.num_batches = int(num_batches)
+        first = _as_triple(dataset[0])
+        self.structure = first
+        self.batch_size = self._length(first)
+        last = first if self.num_batches == 1 else _as_triple(dataset[self.num_batches - 1])
+        self.last_size = self._length(last)
+        self.sizes = np.full(self.num_batches, self.batch_size, dtype=np.int64)
+        self.sizes[-1] = self.last_size
+        self.num_samples = int(self.sizes.sum())
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.rank = rank
+        self.num_workers = num_workers
+        self.position = 0
+        self.has_h5py = False
+        self._sweep_cache: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._batch_cache: dict[int, list] = {}
+
+    @staticmethod
+    def _length(triple: tuple) -> int:
+        leaves = [leaf for leaf in flatten(triple) if leaf is not None]
+        if not leaves:
+            raise ValueError("Invalid value for argument `x`: the PyDataset's batches hold no arrays.")
+        return len(leaves[0])
+
+    def _sweep(self, sweep: int) -> tuple[np.ndarray, np.ndarray]:
+        """Batch order of ``sweep`` and the stream offset where each of those batches starts."""
+        if self._sweep_cache is None or self._sweep_cache[0] != sweep:
+            order = np.arange(self.num_batches)
+            if self.shuffle:
+                order = np.random.default_rng([self.seed, sweep]).permutation(self.num_batches)
+            starts = np.concatenate([[0], np.cumsum(self.sizes[order])[:-1]])
+            self._sweep_cache = (sweep, order, starts)
+        return self._sweep_cache[1], self._sweep_cache[2]
+
+    def _batch(self, index: int) -> list:
+        if index not in self._batch_cache:
+            if len(self._batch_cache) > 4:
+                self._batch_cache.clear()
+            triple = _as_triple(self.dataset[int(index)])
+            self._batch_cache[index] = [None if leaf is None else np.asarray(leaf) for leaf in flatten(triple)]
+        return self._batch_cache[index]
+
+    def _rows(self, lo: int, hi: int) -> list:
+        pieces: list[list] = []
+        position = lo
+        while position < hi:
+            sweep, offset = divmod(position, self.num_samples)
+            order, starts = self._sweep(sweep)
+            k = int(np.searchsorted(starts, offset, side="right") - 1)
+            batch = self._batch(int(order[k]))
+            row = offset - int(starts[k])
+            take = min(hi - position, int(self.sizes[order[k]]) - row)
+            pieces.append([None if leaf is None else leaf[row : row + take] for leaf in batch])
+            position += take
+        return [None if parts[0] is None else np.concatenate(parts) for parts in zip(*pieces)]
+
+    def check_minibatch_size(self, size: int) -> None:
+        if size < self.num_workers:
+            raise ValueError(f"Invalid minibatch size {size}: with {self.num_workers} workers every global minibatch must hold at least {self.num_workers} samples.")
+
+    def read(self, start: int, size: int) -> tuple:
+        """This worker's share of the global minibatch at stream positions ``[start, start + size)``."""
+        self.check_minibatch_size(size)
+        lo, hi = share(start, size, self.rank, self.num_workers)
+        return pack(self.structure, self._rows(lo, hi))
+
+    def get_state(self) -> dict[str, Any]:
+        return {"position": int(self.position), "seed": self.seed, "shuffle": self.shuffle, "num_samples": self.num_samples}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if int(state.get("num_samples", self.num_samples)) != self.num_samples:
+            raise ValueError(f"The saved stream state is for {state['num_samples']} samples, but the PyDataset holds {self.num_samples}. Resume with the same data.")
+        self.seed = int(state.get("seed", self.seed))
+        self.shuffle = bool(state.get("shuffle", self.shuffle))
+        self.position = int(state["position"])
+        self._sweep_cache = None
