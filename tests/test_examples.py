@@ -1,0 +1,55 @@
+"""Every example runs (scaled down by KFIT_EXAMPLE_SMALL=1), so that none can rot."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import BACKEND
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXPECTED_OUTPUT = {
+    "cntk_advanced_mnist.py": "test error =",
+    "cntk_mnist_schedules.py": "test error:",
+    "migrate_model_fit_before.py": "final val_accuracy:",
+    "migrate_model_fit_after.py": "final val_accuracy:",
+    "model_fit_with_kfit_callbacks.py": "test accuracy:",
+    "lasagne_early_stopping.py": "its weights restored",
+    "kill_and_resume.py": "bit-identical to the uninterrupted run",
+}
+
+
+def run_example(name: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, KERAS_BACKEND=BACKEND, KFIT_EXAMPLE_SMALL="1", TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_every_example_is_tested():
+    examples = {p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_") and p.name != "horovod_mnist.py"}
+    assert examples == set(EXPECTED_OUTPUT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(EXPECTED_OUTPUT))
+def test_example_runs(name, tmp_path):
+    result = run_example(name, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert EXPECTED_OUTPUT[name] in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_demo_writes_its_log_tensorboard_csv_and_checkpoints(tmp_path):
+    result = run_example("cntk_advanced_mnist.py", tmp_path, "--out", "demo")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "demo"
+    log = (out / "my.log").read_text()
+    assert "Finished Epoch[1]" in log and "Minibatch[" in log
+    assert list((out / "tensorboard").rglob("events.out.tfevents.*"))
+    assert (out / "history.csv").read_text().count("\n") >= 4
+    assert list(out.glob("model_mn.h5*"))
+    # a second run resumes from the newest checkpoint: training is already complete, nothing more is trained
+    again = run_example("cntk_advanced_mnist.py", tmp_path, "--out", "demo")
+    assert again.returncode == 0, again.stderr[-3000:]
