@@ -35,7 +35,7 @@ def _series(rows: list[dict[str, str]], column: str, kinds: tuple[str, ...] | No
             x, y = float(row["samples"]), float(row.get(column) or "nan")
         except ValueError:
             continue
-        if not math.isnan(y):
+        if not math.isnan(y) and not (xs and xs[-1] == x and ys[-1] == y):  # a CV result repeated in its epoch row
             xs.append(x)
             ys.append(y)
     return xs, ys

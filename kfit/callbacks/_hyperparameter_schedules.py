@@ -37,6 +37,7 @@ class _HyperparameterSchedule(KfitCallback):
         self._resets: list[tuple[int, int, Any]] = []
         self._variable = None
         self._applied: float | None = None
+        self._published: tuple | None = None
 
     def _coerce(self, schedule: Any, argument: str) -> Any:
         raise NotImplementedError
@@ -73,6 +74,7 @@ class _HyperparameterSchedule(KfitCallback):
         self._resets = [r for r in self._resets if r[0] < clock.samples]
         self._resets.append((clock.samples, clock.minibatches, schedule))
         self._applied = None  # apply at the next step even if the value happens to be equal
+        self._published = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         optimizer = getattr(self._model, "optimizer", None)
@@ -80,6 +82,7 @@ class _HyperparameterSchedule(KfitCallback):
             raise ValueError(f"{type(self).__name__} needs a compiled model with an optimizer.")
         self._variable = self._target_variable(optimizer)
         self._applied = None
+        self._published = None
 
     def on_step_begin(self, clock: Clock) -> None:
         if clock.minibatch_size is None:
@@ -88,9 +91,13 @@ class _HyperparameterSchedule(KfitCallback):
         if value != self._applied:
             _backend.set_variable(self._model, self._variable, value)
             self._applied = value
-            schedule, s0, m0 = self.active_schedule(clock.samples)
-            self.publish("on_hyperparameter_change", self.log_key, value,
-                         float(schedule.value(clock.samples - s0, clock.minibatches - m0)), schedule.unit)
+        schedule, s0, m0 = self.active_schedule(clock.samples)
+        scheduled = float(schedule.value(clock.samples - s0, clock.minibatches - m0))
+        if (value, scheduled) != self._published:
+            # Published when either the applied or the scheduled value changes (a per-sample rate can
+            # halve exactly when the minibatch doubles, leaving the applied rate unchanged).
+            self._published = (value, scheduled)
+            self.publish("on_hyperparameter_change", self.log_key, value, scheduled, schedule.unit)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is not None and self._applied is not None:

@@ -16,9 +16,9 @@ from kfit.callbacks._running_means import (
     first_metric_key,
     is_due,
     to_float,
+    without_step_end,
 )
 from kfit.clock import Clock
-
 
 _EVALUATION_COUNTS = ("samples", "minibatches", "index", "average_error")
 
@@ -70,8 +70,9 @@ class ProgressPrinter(KfitCallback):
     metric with ``metric_is_pct=False``, is shown as is with six decimals. Only the chief worker prints.
 
     Args:
-        freq: a ``Minibatch`` line every ``freq`` minibatches; 0: at geometrically growing intervals (after
-            minibatches 1, 2, 4, 8, ...); None (CNTK's default): epoch lines only.
+        freq: a ``Minibatch`` line every ``freq`` minibatches; 0: at geometrically growing intervals of 1, 2,
+            4, 8, ... minibatches (after minibatches 1, 3, 7, 15, ..., as CNTK); None (CNTK's default): epoch
+            lines only.
         first: the first ``first`` minibatches of each epoch get a line each.
         tag: printed as ``[tag] `` before every line.
         log_to_file: a file the lines are appended to (a restarted run appends, never truncates), instead
@@ -132,6 +133,8 @@ class ProgressPrinter(KfitCallback):
         self._scheduled = ScheduledValues()
         self._epoch_time = 0.0
         self._epoch_samples = 0
+        if freq is None and first == 0:
+            without_step_end(self)  # epoch lines only: no per-step work, no per-step sync
 
     # -- output ----------------------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -161,9 +164,13 @@ class ProgressPrinter(KfitCallback):
 
     # -- hooks -----------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
-        if self.log_to_file is not None and not self._announced and distributed.is_chief():
-            print(f"Redirecting log to file {self.log_to_file}", file=sys.stderr, flush=True)
-            self._announced = True
+        if self.log_to_file is not None and distributed.is_chief():
+            directory = os.path.dirname(self.log_to_file)
+            if directory:
+                os.makedirs(directory, exist_ok=True)
+            if not self._announced:
+                print(f"Redirecting log to file {self.log_to_file}", file=sys.stderr, flush=True)
+                self._announced = True
         self._shown = {}
         self._scheduled.reset()
 

@@ -44,18 +44,26 @@ def first_metric_key(keys: Any) -> str | None:
     return None
 
 
+def without_step_end(callback: Any) -> None:
+    """Gives ``callback`` Keras's default (empty) batch-end hook, for a progress callback with nothing to
+    do after each step: Keras then keeps its asynchronous dispatch under plain ``model.fit`` instead of
+    converting the logs (a device sync) after every step for it."""
+    callback.on_train_batch_end = keras.callbacks.Callback.on_train_batch_end.__get__(callback)
+
+
 def is_due(index: int, freq: int | None, first: int = 0) -> bool:
     """Whether the ``index``-th minibatch of an epoch (1-based) ends a progress interval.
 
-    ``freq`` > 0: every ``freq`` minibatches; ``freq == 0``: at 1, 2, 4, 8, ...; None: never. The first
-    ``first`` minibatches always end one.
+    ``freq`` > 0: every ``freq`` minibatches; ``freq == 0``: after minibatches 1, 3, 7, 15, ... (CNTK's
+    geometric schedule: intervals of 1, 2, 4, 8, ... minibatches); None: never. The first ``first``
+    minibatches always end one.
     """
     if index <= first:
         return True
     if freq is None:
         return False
     if freq == 0:
-        return index & (index - 1) == 0
+        return (index + 1) & index == 0
     return index % freq == 0
 
 

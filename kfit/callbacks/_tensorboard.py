@@ -16,7 +16,7 @@ from typing import Any
 
 from kfit import distributed
 from kfit.callbacks._base import KfitCallback
-from kfit.callbacks._running_means import IntervalMeans, ScheduledValues, is_due, to_float
+from kfit.callbacks._running_means import IntervalMeans, ScheduledValues, is_due, to_float, without_step_end
 from kfit.clock import Clock
 
 
@@ -69,8 +69,10 @@ class EventFileWriter:
 
     Example:
         >>> import tempfile
-        >>> writer = EventFileWriter(tempfile.mkdtemp())
-        >>> writer.scalar("loss", 0.5, step=64); writer.close()
+        >>> with tempfile.TemporaryDirectory() as log_dir:
+        ...     writer = EventFileWriter(log_dir)
+        ...     writer.scalar("loss", 0.5, step=64)
+        ...     writer.close()
     """
 
     def __init__(self, log_dir: str | os.PathLike):
@@ -142,10 +144,13 @@ class TensorBoardProgressWriter(KfitCallback):
         self.log_dir = os.fspath(log_dir)
         self._writer: EventFileWriter | None = None
         self._started = False
+        self._training = False
         self._intervals = IntervalMeans()
         self._scheduled = ScheduledValues()
         self._epoch_time = 0.0
         self._epoch_samples = 0
+        if freq is None:
+            without_step_end(self)  # epoch scalars only: no per-step work, no per-step sync
 
     def write_value(self, tag: str, value: float, step: int) -> None:
         """Writes one scalar (on the chief only)."""
@@ -167,6 +172,8 @@ class TensorBoardProgressWriter(KfitCallback):
 
     # -- hooks -----------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
+        self._close()  # each run writes its own file
+        self._training = True
         self._started = False
         self._scheduled.reset()
 
@@ -217,7 +224,10 @@ class TensorBoardProgressWriter(KfitCallback):
 
     def on_test_end(self, logs: dict) -> None:
         self._write_logs(logs, self.clock.samples, skip=("test_samples", "test_minibatches"))
-        self.flush()
+        if self._training:
+            self.flush()
+        else:  # the final test comes after on_train_end
+            self._close()
 
     def on_hyperparameter_change(self, name: str, value: float, scheduled: float, unit: str) -> None:
         clock = self.clock
@@ -225,6 +235,11 @@ class TensorBoardProgressWriter(KfitCallback):
             self.write_value(name, value, clock.samples)
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        # Flushed, not closed: a final test (kfit.callbacks.Test) reports after on_train_end.
+        self._training = False
+        self.flush()
+
+    def _close(self) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None

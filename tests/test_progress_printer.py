@@ -1,0 +1,308 @@
+"""ProgressPrinter: CNTK's lines over real runs, interval means, hyperparameter lines, files, state."""
+
+import re
+
+import keras
+import numpy as np
+import pytest
+
+import kfit
+from kfit.callbacks import KfitCallback, ProgressPrinter
+from kfit.clock import Clock, attach_clock
+
+MINIBATCH = re.compile(r"^Minibatch\[\s*(\d+)-\s*(\d+)\]: loss = (\d+\.\d{6}) \* (\d+), metric = (\d+\.\d{2})% \* (\d+);$")
+EPOCH = re.compile(
+    r"^Finished Epoch\[(\d+)\]: loss = (\d+\.\d{6}) \* (\d+), metric = (\d+\.\d{2})% \* (\d+) \d+\.\d{3}s \(\s*\d+\.\d samples/s\);$"
+)
+EVALUATION = re.compile(r"^Finished Evaluation \[(\d+)\]: Minibatch\[1-(\d+)\]: metric = (\d+\.\d{2})% \* (\d+);$")
+HYPERPARAMETER = re.compile(r"^(Learning rate per 1 samples|Learning rate per minibatch|Momentum per 1 samples|Momentum per minibatch): \S+$")
+SIZE = re.compile(r"^Minibatch size: \d+$")
+
+
+def data(n=96, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 4)).astype("float32")
+    return x, x[:, :3].argmax(axis=1).astype("int64")
+
+
+def classifier(optimizer=None, metrics=("accuracy",)):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)])
+    model.compile(
+        optimizer=optimizer or kfit.optimizers.MomentumSGD(learning_rate=0.05),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=list(metrics),
+    )
+    return model
+
+
+def lines_of(path):
+    return path.read_text().splitlines()
+
+
+def test_lines_match_cntk_format_and_count_the_samples_trained(tmp_path):
+    x, y = data()
+    log = tmp_path / "progress.log"
+    history = kfit.fit(
+        classifier(), x, y, minibatch_size=16, epochs=2, seed=0, verbose=0,
+        callbacks=[ProgressPrinter(freq=2, first=1, log_to_file=log), ProgressPrinter(metric_is_pct=False, log_to_file=tmp_path / "acc.log")],
+    )
+    # metric_is_pct=False: the accuracy as is.
+    accuracies = [re.search(r"metric = (0\.\d{6}) \* 96 ", line) for line in lines_of(tmp_path / "acc.log") if "Finished Epoch" in line]
+    assert [float(m[1]) for m in accuracies] == [pytest.approx(a, abs=1e-6) for a in history.history["accuracy"]]
+    lines = lines_of(log)
+    assert lines and all(MINIBATCH.match(line) or EPOCH.match(line) or SIZE.match(line) for line in lines), lines
+    epochs = [EPOCH.match(line) for line in lines if EPOCH.match(line)]
+    assert [int(m[1]) for m in epochs] == [1, 2]
+    assert all(int(m[3]) == int(m[5]) == 96 for m in epochs)
+    # Epoch means are Keras's; the error rate is 1 - accuracy.
+    for m, loss, acc in zip(epochs, history.history["loss"], history.history["accuracy"], strict=True):
+        assert float(m[2]) == pytest.approx(loss, abs=1e-6)
+        assert float(m[4]) == pytest.approx((1 - acc) * 100, abs=0.006)
+    # Per epoch: [1-1] (first), [2-2], [3-4], [5-6]; the intervals cover the epoch, their means average to the epoch's.
+    per_epoch = " ".join(lines).split("Finished Epoch")[:-1]
+    for text, m in zip(per_epoch, epochs, strict=True):
+        intervals = [MINIBATCH.match(line) for line in re.findall(r"Minibatch\[[^;]*;", text)]
+        assert [(int(i[1]), int(i[2])) for i in intervals] == [(1, 1), (2, 2), (3, 4), (5, 6)]
+        assert [int(i[4]) for i in intervals] == [16, 16, 32, 32] and [int(i[6]) for i in intervals] == [16, 16, 32, 32]
+        mean = sum(float(i[3]) * int(i[4]) for i in intervals) / 96
+        assert mean == pytest.approx(float(m[2]), abs=2e-5)
+
+
+@pytest.mark.parametrize("loop", ["model.fit", "kfit"])
+def test_interval_means_equal_a_recomputation_on_frozen_weights(tmp_path, loop):
+    # With a zero learning rate every minibatch's loss can be recomputed from the data, in order.
+    x, y = data(n=80)
+    model = classifier(keras.optimizers.SGD(learning_rate=0.0))
+    log = tmp_path / "progress.log"
+    extra = {"seed": 0} if loop == "kfit" else {}
+    kfit.fit(model, x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[ProgressPrinter(freq=3, log_to_file=log)], **extra)
+    logits = keras.ops.convert_to_numpy(model(x))
+    losses = keras.ops.convert_to_numpy(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+    errors = (logits.argmax(axis=1) != y).astype("float64")
+    intervals = [MINIBATCH.match(line) for line in lines_of(log) if MINIBATCH.match(line)]
+    assert [(int(i[1]), int(i[2])) for i in intervals] == [(1, 3), (4, 6), (7, 9)]
+    for i in intervals:
+        lo, hi = (int(i[1]) - 1) * 8, int(i[2]) * 8
+        assert int(i[4]) == hi - lo
+        assert float(i[3]) == pytest.approx(losses[lo:hi].mean(), abs=2e-5)
+        assert float(i[5]) == pytest.approx(errors[lo:hi].mean() * 100, abs=0.006)
+
+
+def test_geometric_intervals_and_first_minibatches(tmp_path):
+    x, y = data(n=80)
+    cases = {  # (freq, first): the intervals of an epoch of 10 minibatches
+        (0, 0): [(1, 1), (2, 3), (4, 7)],  # CNTK's geometric schedule: intervals of 1, 2, 4, ...
+        (None, 2): [(1, 1), (2, 2)],
+        (None, 0): [],
+        (4, 2): [(1, 1), (2, 2), (3, 4), (5, 8)],
+        (3, 0): [(1, 3), (4, 6), (7, 9)],
+    }
+    printers = {case: ProgressPrinter(freq=case[0], first=case[1], log_to_file=tmp_path / f"{case}.log") for case in cases}
+    kfit.fit(classifier(), x, y, minibatch_size=8, epochs=1, seed=0, verbose=0, callbacks=list(printers.values()))
+    for case, expected in cases.items():
+        lines = lines_of(tmp_path / f"{case}.log")
+        intervals = [MINIBATCH.match(line) for line in lines if MINIBATCH.match(line)]
+        assert [(int(i[1]), int(i[2])) for i in intervals] == expected, case
+        assert sum(1 for line in lines if EPOCH.match(line)) == 1
+
+
+def test_hyperparameter_and_minibatch_size_lines(tmp_path):
+    x, y = data(n=100)
+    log = tmp_path / "progress.log"
+    callbacks = [
+        kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample([0.001, 0.0002], epoch_size=100)),
+        kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant([0, 1024], epoch_size=100)),
+        ProgressPrinter(log_to_file=log),
+    ]
+    sizes = kfit.schedules.minibatch_size([16, 32], epoch_size=100)
+    kfit.fit(classifier(), x, y, minibatch_size=sizes, epochs=2, seed=0, verbose=0, callbacks=callbacks)
+    lines = lines_of(log)
+    assert all(HYPERPARAMETER.match(line) or SIZE.match(line) or EPOCH.match(line) for line in lines), lines
+    # Epochs of 100 samples end on a shortened minibatch (4 samples): that is not a change of size.
+    assert [line for line in lines if not EPOCH.match(line)] == [
+        "Learning rate per 1 samples: 0.001",
+        "Momentum per 1 samples: 0.0",
+        "Minibatch size: 16",
+        "Learning rate per 1 samples: 0.0002",
+        "Momentum per 1 samples: 0.9990239141819757",
+        "Minibatch size: 32",
+    ]
+    assert lines.index("Minibatch size: 32") < lines.index(next(line for line in lines if line.startswith("Finished Epoch[2]")))
+
+
+class PublishEvaluations(KfitCallback):
+    """Publishes a cross-validation result at 48 samples and a test result at the end, as kfit's
+    CrossValidation and Test callbacks do."""
+
+    order = -10
+
+    def on_step_end(self, clock, logs):
+        if clock.samples == 48:
+            self.publish("on_cross_validation_end", 0, {
+                "val_loss": 0.5, "val_accuracy": 0.9189, "val_average_error": 0.0811,
+                "val_samples": 1024.0, "val_minibatches": 32.0, "val_index": 0.0, "samples": 48.0,
+            })
+
+    def on_train_end(self, logs=None):
+        self.publish("on_test_end", {"test_loss": 0.4, "test_accuracy": 0.9942, "test_samples": 10000.0, "test_minibatches": 313.0})
+
+
+def test_evaluation_lines(tmp_path):
+    x, y = data()
+    log = tmp_path / "progress.log"
+    kfit.fit(classifier(), x, y, minibatch_size=16, epochs=1, seed=0, verbose=0,
+             callbacks=[PublishEvaluations(), ProgressPrinter(freq=3, log_to_file=log)])
+    lines = lines_of(log)
+    evaluations = [line for line in lines if line.startswith("Finished Evaluation")]
+    assert evaluations == [
+        "Finished Evaluation [1]: Minibatch[1-32]: metric = 8.11% * 1024;",
+        "Finished Evaluation [2]: Minibatch[1-313]: metric = 0.58% * 10000;",
+    ]
+    assert all(EVALUATION.match(line) for line in evaluations)
+    # Cross-validation runs first in a step (order -10): its line precedes the interval ending at 48 samples.
+    assert lines[lines.index(evaluations[0]) + 1].startswith("Minibatch[   1-   3]")
+
+
+def test_with_kfit_cross_validation_and_test(tmp_path):
+    x, y = data()
+    log = tmp_path / "progress.log"
+    callbacks = [
+        kfit.callbacks.CrossValidation((x[:40], y[:40]), frequency=48, minibatch_size=16),
+        kfit.callbacks.Test((x[:50], y[:50]), minibatch_size=20),
+        ProgressPrinter(log_to_file=log),
+    ]
+    history = kfit.fit(classifier(), x, y, minibatch_size=16, epochs=1, seed=0, verbose=0, callbacks=callbacks)
+    evaluations = [EVALUATION.match(line) for line in lines_of(log) if line.startswith("Finished Evaluation")]
+    assert all(evaluations) and [m[1] for m in evaluations] == ["1", "2", "3"]
+    assert [(m[2], m[4]) for m in evaluations] == [("3", "40"), ("3", "40"), ("3", "50")]
+    results = callbacks[0].results
+    assert [float(m[3]) for m in evaluations[:2]] == [pytest.approx((1 - r["val_accuracy"]) * 100, abs=0.006) for r in results]
+    assert float(evaluations[2][3]) == pytest.approx((1 - history.history["test_accuracy"][0]) * 100, abs=0.006)
+
+
+def test_log_file_appends_across_runs_with_tag(tmp_path, capsys):
+    x, y = data(n=32)
+    log = tmp_path / "logs" / "my.log"
+    for _ in range(2):
+        printer = ProgressPrinter(tag="mnist", log_to_file=str(log))
+        kfit.fit(classifier(), x, y, batch_size=16, epochs=1, verbose=0, callbacks=[printer])
+    assert capsys.readouterr().err.count(f"Redirecting log to file {log}") == 2
+    lines = lines_of(log)
+    epochs = [line for line in lines if "Finished Epoch" in line]
+    assert len(epochs) == 2 and all(line.startswith("[mnist] Finished Epoch[1]: ") for line in epochs)
+    assert all(line.startswith("[mnist] ") for line in lines)
+    assert all(EPOCH.match(line[len("[mnist] "):]) for line in epochs)
+
+
+def test_other_metrics_no_metric_and_learning_rate_per_minibatch(tmp_path):
+    x, y = data(n=32)
+    log = tmp_path / "progress.log"
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    callbacks = [kfit.callbacks.LearningRateSchedule(0.05), ProgressPrinter(freq=1, log_to_file=log)]
+    kfit.fit(model, x, x[:, :1] * 2.0, batch_size=16, epochs=1, verbose=0, callbacks=callbacks)
+    plain = classifier(metrics=())
+    kfit.fit(plain, x, y, batch_size=16, epochs=1, verbose=0, callbacks=[ProgressPrinter(freq=1, log_to_file=log)])
+    lines = [line for line in lines_of(log) if not SIZE.match(line)]
+    assert lines[0] == "Learning rate per minibatch: 0.05"
+    assert re.match(r"^Minibatch\[   1-   1\]: loss = \d+\.\d{6} \* 16, metric = \d+\.\d{6} \* 16;$", lines[1])
+    assert re.match(r"^Finished Epoch\[1\]: loss = \d+\.\d{6} \* 32, metric = \d+\.\d{6} \* 32 \d+\.\d{3}s", lines[3])
+    assert re.match(r"^Minibatch\[   1-   1\]: loss = \d+\.\d{6} \* 16;$", lines[4])
+    assert re.match(r"^Finished Epoch\[1\]: loss = \d+\.\d{6} \* 32 \d+\.\d{3}s \(\s*\d+\.\d samples/s\);$", lines[6])
+
+
+def test_only_the_chief_prints(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(kfit.distributed, "is_chief", lambda: False)
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    clock = attach_clock(model, Clock(epoch_size=16))
+    log = tmp_path / "progress.log"
+    printers = [ProgressPrinter(freq=1, log_to_file=log), ProgressPrinter(freq=1)]
+    for printer in printers:
+        printer.set_model(model)
+        printer.on_train_begin()
+        printer.on_epoch_begin(0)
+    clock.minibatch_size = 16
+    for printer in printers:
+        printer.on_step_begin(clock)
+    clock.advance(16)
+    for printer in printers:
+        printer.on_step_end(clock, {"loss": 1.0})
+        printer.on_hyperparameter_change("lr", 0.1, 0.1, "per_minibatch")
+        printer.on_epoch_end(0, {"loss": 1.0})
+        printer.on_cross_validation_end(0, {"val_loss": 1.0, "val_samples": 4, "val_minibatches": 1})
+    assert not log.exists() and capsys.readouterr().err == ""
+
+
+def test_state_resumes_the_interval_in_progress(capsys):
+    # Keras's running means m_k over n_k samples; per-minibatch losses 1, 2, 3, 4 (8 samples each).
+    per_batch = [1.0, 2.0, 3.0, 4.0]
+    running = [np.mean(per_batch[: k + 1]) for k in range(4)]
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    clock = attach_clock(model, Clock(epoch_size=32))
+    first = ProgressPrinter(freq=2)
+    first.set_model(model)
+    first.on_epoch_begin(0)
+    for k in range(3):
+        clock.minibatch_size = 8
+        clock.advance(8)
+        first.on_step_end(clock, {"loss": np.float32(running[k])})
+    state = first.get_state()
+    # A new run restores the state and the clock (samples 24, minibatches 3) and trains minibatch 4.
+    model2 = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    clock2 = attach_clock(model2, Clock(samples=24, minibatches=3, epoch_size=32))
+    second = ProgressPrinter(freq=2)
+    second.set_model(model2)
+    second.set_state(state)
+    second.on_epoch_begin(0)
+    clock2.minibatch_size = 8
+    clock2.advance(8)
+    second.on_step_end(clock2, {"loss": running[3]})
+    assert capsys.readouterr().err.splitlines() == [
+        "Minibatch[   1-   2]: loss = 1.500000 * 16;",
+        "Minibatch[   3-   4]: loss = 3.500000 * 16;",
+    ]
+
+
+def test_a_run_resumed_mid_interval_prints_what_an_uninterrupted_run_prints(tmp_path):
+    x, y = data()
+    weights = classifier().get_weights()
+
+    def run(name, callbacks, **kwargs):
+        model = classifier()
+        model.set_weights(weights)
+        log = tmp_path / f"{name}.log"
+        kfit.fit(model, x, y, minibatch_size=16, epochs=2, seed=0, verbose=0,
+                 callbacks=[*callbacks, ProgressPrinter(freq=2, log_to_file=log)], **kwargs)
+        return [line for line in lines_of(log) if MINIBATCH.match(line) or EPOCH.match(line)]
+
+    def means(line):  # the line without its timing
+        return line.split(" * 96 ")[0] if EPOCH.match(line) else line
+
+    whole = run("whole", [])
+    checkpoint = str(tmp_path / "run.ckpt")
+    # Interrupted at 144 samples: minibatch 3 of epoch 2, inside the interval [3-4].
+    before = run("before", [kfit.callbacks.Checkpoint(checkpoint, frequency=48)], max_samples=144)
+    after = run("after", [kfit.callbacks.Checkpoint(checkpoint, frequency=48, restore=True)])
+    assert before[-1].startswith("Finished Epoch[2]: loss = ") and " * 48, " in before[-1]  # the partial epoch
+    assert after[0].startswith("Minibatch[   3-   4]: ") and after[0] == whole[-3]
+    assert [means(line) for line in before[:-1] + after] == [means(line) for line in whole]
+
+
+def test_no_batch_end_hook_without_minibatch_lines():
+    # Keras converts the logs after every step (a device sync) for any callback with a batch-end hook.
+    def has_hook(callback):
+        return not getattr(callback.on_train_batch_end, "_is_default", False)
+
+    assert not has_hook(ProgressPrinter()) and not has_hook(kfit.callbacks.TensorBoardProgressWriter())
+    assert has_hook(ProgressPrinter(freq=10)) and has_hook(ProgressPrinter(first=1))
+    assert has_hook(kfit.callbacks.TensorBoardProgressWriter(freq=10))
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [({"freq": -1}, "freq"), ({"freq": 1.5}, "freq"), ({"first": -2}, "first"), ({"first": True}, "first"),
+     ({"tag": 3}, "tag"), ({"log_to_file": 5}, "log_to_file"), ({"metric_is_pct": "yes"}, "metric_is_pct")],
+)
+def test_invalid_arguments_are_named(kwargs, name):
+    with pytest.raises(ValueError, match=rf"`{name}`.*{name}="):
+        ProgressPrinter(**kwargs)

@@ -1,0 +1,156 @@
+"""TensorBoardProgressWriter: event files read back by TensorBoard (or TensorFlow), steps on the sample clock."""
+
+import glob
+import os
+import struct
+
+import keras
+import numpy as np
+import pytest
+
+import kfit
+from kfit.callbacks import KfitCallback, TensorBoardProgressWriter
+from kfit.callbacks._tensorboard import EventFileWriter, _masked_crc32c
+
+
+def read_scalars(log_dir):
+    """{tag: [(step, value), ...]} as TensorBoard shows them (a restart drops the points it trains again)."""
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        return _read_with_tensorflow(log_dir)
+    accumulator = EventAccumulator(str(log_dir))
+    accumulator.Reload()
+    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+
+
+def _read_with_tensorflow(log_dir):
+    tf = pytest.importorskip("tensorflow", reason="reading event files needs tensorboard or tensorflow")
+    scalars, most_recent = {}, -1
+    for path in sorted(glob.glob(os.path.join(str(log_dir), "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            if event.HasField("session_log") and event.session_log.status == 1 and most_recent > event.step:
+                scalars = {tag: [p for p in points if p[0] < event.step] for tag, points in scalars.items()}
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+            if event.HasField("summary"):
+                most_recent = event.step
+    return scalars
+
+
+def data(n=96):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 4)).astype("float32")
+    return x, x[:, :3].argmax(axis=1).astype("int64")
+
+
+def classifier():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)])
+    model.compile(
+        optimizer=kfit.optimizers.MomentumSGD(learning_rate=0.05),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+class PublishEvaluations(KfitCallback):
+    order = -10
+
+    def on_step_end(self, clock, logs):
+        if clock.samples == 48:
+            self.publish("on_cross_validation_end", 0, {
+                "val_loss": 0.5, "val_accuracy": 0.75, "val_average_error": 0.25,
+                "val_samples": 40.0, "val_minibatches": 3.0, "val_index": 0.0, "samples": 48.0,
+            })
+
+    def on_train_end(self, logs=None):
+        self.publish("on_test_end", {"test_loss": 0.25, "test_accuracy": 0.875, "test_samples": 50.0, "test_minibatches": 3.0})
+
+
+def test_scalars_against_the_sample_clock(tmp_path):
+    x, y = data()
+    callbacks = [
+        kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample([0.001, 0.0002], epoch_size=96)),
+        kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant(100)),
+        PublishEvaluations(),
+        TensorBoardProgressWriter(freq=3, log_dir=tmp_path),
+    ]
+    history = kfit.fit(classifier(), x, y, minibatch_size=16, epochs=2, seed=0, verbose=0, callbacks=callbacks,
+                       validation_data=(x[:32], y[:32]))
+    scalars = read_scalars(tmp_path)
+
+    def steps(tag):
+        return [s for s, _ in scalars[tag]]
+
+    def values(tag):
+        return [v for _, v in scalars[tag]]
+
+    for tag in ("loss", "accuracy"):
+        assert steps(tag) == [96, 192]
+        assert values(tag) == pytest.approx(history.history[tag], rel=1e-6)
+    # Cross-validation results at the clock reading they were taken at (48); Keras's validation at epoch ends.
+    for tag, published in (("val_loss", 0.5), ("val_accuracy", 0.75)):
+        assert steps(tag) == [48, 96, 192]
+        assert values(tag) == pytest.approx([published, *history.history[tag]], rel=1e-6)
+    assert scalars["val_average_error"] == [(48, 0.25)]
+    # The learning rate per minibatch: at each change (lr_s * 16) and at each epoch end.
+    assert scalars["lr"] == [(0, pytest.approx(0.016)), (96, pytest.approx(0.016)), (96, pytest.approx(0.0032)), (192, pytest.approx(0.0032))]
+    assert scalars["momentum"][0] == (0, pytest.approx(np.exp(-16 / 100), rel=1e-6))
+    assert scalars["minibatch_size"] == [(0, 16), (96, 16), (192, 16)]
+    assert steps("samples_per_second") == [96, 192] and all(v > 0 for v in values("samples_per_second"))
+    # Minibatch scalars every 3 minibatches: the interval means average to the epoch's.
+    assert steps("minibatch/loss") == [48, 96, 144, 192]
+    for epoch in range(2):
+        mean = np.mean(values("minibatch/loss")[2 * epoch : 2 * epoch + 2])
+        assert mean == pytest.approx(history.history["loss"][epoch], abs=1e-5)
+    assert scalars["test_accuracy"] == [(192, 0.875)] and scalars["test_loss"] == [(192, 0.25)]
+    assert "val_index" not in scalars and "val_samples" not in scalars and "test_samples" not in scalars
+
+
+def test_a_resumed_run_replaces_the_points_it_trains_again(tmp_path):
+    x, y = data()
+    model = classifier()
+    first = kfit.fit(model, x, y, minibatch_size=32, epochs=3, seed=0, verbose=0,
+                     callbacks=[TensorBoardProgressWriter(log_dir=tmp_path)])
+    # A restart from the checkpoint at the end of epoch 1 (the clock at 96 samples).
+    test = kfit.callbacks.Test((x[:40], y[:40]), minibatch_size=20, verbose=0)
+    second = kfit.fit(model, x, y, minibatch_size=32, epochs=3, initial_epoch=1, seed=0, verbose=0,
+                      callbacks=[TensorBoardProgressWriter(log_dir=tmp_path), test])
+    # One file per run; the final test (after on_train_end) goes into the run's file.
+    assert len(glob.glob(str(tmp_path / "events.out.tfevents.*"))) == 2
+    scalars = read_scalars(tmp_path)
+    assert scalars["test_accuracy"] == [(288, pytest.approx(test.results["test_accuracy"], rel=1e-6))]
+    loss = scalars["loss"]
+    assert [s for s, _ in loss] == [96, 192, 288]
+    assert [v for _, v in loss] == pytest.approx([first.history["loss"][0], *second.history["loss"]], rel=1e-6)
+
+
+def test_event_file_records(tmp_path):
+    # CRC-32C's check value, through the TFRecord mask.
+    masked = _masked_crc32c(b"123456789")
+    rotated = (masked - 0xA282EAD8) & 0xFFFFFFFF
+    assert ((rotated << 15) | (rotated >> 17)) & 0xFFFFFFFF == 0xE3069283
+    writer = EventFileWriter(tmp_path / "logs")
+    writer.scalar("a/b", 1.5, step=3)
+    writer.scalar("a/b", -2.0, step=2**40)
+    writer.close()
+    with open(writer.path, "rb") as f:
+        raw = f.read()
+    length = struct.unpack("<Q", raw[:8])[0]
+    assert struct.unpack("<I", raw[8:12])[0] == _masked_crc32c(raw[:8]) and b"brain.Event:2" in raw[12 : 12 + length]
+    assert read_scalars(tmp_path / "logs") == {"a/b": [(3, 1.5), (2**40, -2.0)]}
+
+
+def test_only_the_chief_writes(tmp_path, monkeypatch):
+    monkeypatch.setattr(kfit.distributed, "is_chief", lambda: False)
+    x, y = data(n=32)
+    kfit.fit(classifier(), x, y, batch_size=16, epochs=1, verbose=0,
+             callbacks=[TensorBoardProgressWriter(freq=1, log_dir=tmp_path / "tb")])
+    assert not (tmp_path / "tb").exists() or not os.listdir(tmp_path / "tb")
+
+
+@pytest.mark.parametrize("kwargs,name", [({"freq": 0}, "freq"), ({"freq": -3}, "freq"), ({"freq": 2.0}, "freq"), ({"log_dir": 7}, "log_dir")])
+def test_invalid_arguments_are_named(kwargs, name):
+    with pytest.raises(ValueError, match=rf"`{name}`.*{name}="):
+        TensorBoardProgressWriter(**kwargs)
