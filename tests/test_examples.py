@@ -28,7 +28,8 @@ def run_example(name: str, cwd: Path, *args: str) -> subprocess.CompletedProcess
 
 
 def test_every_example_is_tested():
-    examples = {p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_") and p.name != "horovod_mnist.py"}
+    # the Horovod examples run under horovodrun in test_distributed.py and test_horovod_keras_before.py
+    examples = {p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_") and not p.name.startswith("horovod_")}
     assert examples == set(EXPECTED_OUTPUT)
 
 
