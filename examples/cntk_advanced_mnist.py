@@ -23,7 +23,12 @@ import numpy as np
 from sklearn.datasets import load_digits
 
 import kfit
-from kfit.cntk import UnitType, learning_rate_schedule, minibatch_size_schedule, momentum_as_time_constant_schedule
+from kfit.cntk import (
+    UnitType,
+    learning_rate_schedule,
+    minibatch_size_schedule,
+    momentum_as_time_constant_schedule,
+)
 
 SMALL = os.environ.get("KFIT_EXAMPLE_SMALL") == "1"
 

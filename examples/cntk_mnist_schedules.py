@@ -21,7 +21,12 @@ import keras
 from _data import SMALL, digits
 
 import kfit
-from kfit.cntk import UnitType, learning_rate_schedule, minibatch_size_schedule, momentum_as_time_constant_schedule
+from kfit.cntk import (
+                             UnitType,
+                             learning_rate_schedule,
+                             minibatch_size_schedule,
+                             momentum_as_time_constant_schedule,
+)
 
 (x_train, y_train), _, (x_test, y_test) = digits(flat=False)
 N = len(x_train)

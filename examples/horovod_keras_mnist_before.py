@@ -13,9 +13,8 @@ script is examples/horovod_mnist.py.
 import os
 import sys
 
-import tensorflow as tf
-
 import horovod.tensorflow.keras as hvd
+import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _data import SMALL, digits  # noqa: E402

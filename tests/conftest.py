@@ -22,8 +22,11 @@ BACKEND = keras.backend.backend()
 # Scripts that tests run in subprocesses (under horovodrun, or to be killed): not test modules.
 collect_ignore_glob = ["scripts/*", "horovod_scripts/*"]
 # Tests about one backend are collected only in that backend's run.
+collect_ignore = []
 if BACKEND != "tensorflow":
-    collect_ignore = ["test_horovod_keras_before.py"]
+    collect_ignore.append("test_horovod_keras_before.py")
+if BACKEND != "torch":
+    collect_ignore.append("test_torch_training_mode.py")
 
 if BACKEND == "torch":
     import torch

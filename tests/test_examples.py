@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import BACKEND
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

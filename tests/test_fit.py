@@ -6,10 +6,18 @@ import h5py
 import keras
 import numpy as np
 import pytest
-from helpers import BatchSamples, StepRecorder, assert_same_weights, classification_data, mlp, regression_data, weights
+from conftest import BACKEND
+from helpers import (
+    BatchSamples,
+    StepRecorder,
+    assert_same_weights,
+    classification_data,
+    mlp,
+    regression_data,
+    weights,
+)
 
 import kfit
-from conftest import BACKEND
 
 
 def compiled(model, loss="mse", metrics=None, optimizer=None):

@@ -5,11 +5,11 @@ import math
 import keras
 import numpy as np
 import pytest
+from conftest import BACKEND
 from helpers import BatchSamples, StepRecorder, mlp, regression_data, weights
 from reference_momentum_sgd import MomentumSGDReference
 
 import kfit
-from conftest import BACKEND
 
 
 def linear_model(features=4, seed=2):

@@ -15,27 +15,11 @@ from kfit.callbacks._tensorboard import EventFileWriter, _masked_crc32c
 
 def read_scalars(log_dir):
     """{tag: [(step, value), ...]} as TensorBoard shows them (a restart drops the points it trains again)."""
-    try:
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    except ImportError:
-        return _read_with_tensorflow(log_dir)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     accumulator = EventAccumulator(str(log_dir))
     accumulator.Reload()
     return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
-
-
-def _read_with_tensorflow(log_dir):
-    tf = pytest.importorskip("tensorflow", reason="reading event files needs tensorboard or tensorflow")
-    scalars, most_recent = {}, -1
-    for path in sorted(glob.glob(os.path.join(str(log_dir), "events.out.tfevents.*"))):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            if event.HasField("session_log") and event.session_log.status == 1 and most_recent > event.step:
-                scalars = {tag: [p for p in points if p[0] < event.step] for tag, points in scalars.items()}
-            for value in event.summary.value:
-                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
-            if event.HasField("summary"):
-                most_recent = event.step
-    return scalars
 
 
 def data(n=96):

@@ -261,7 +261,8 @@ class CrossValidation(KfitCallback):
     learning-rate reduction, progress printers, CSV writers react in the same step), with ``logs`` holding
     ``val_<name>`` for every evaluation result, ``val_average_error``, ``val_samples``,
     ``val_minibatches``, ``val_index`` and ``samples`` (the clock). The latest results of an epoch also go
-    into that epoch's logs (and so into the ``History``); epochs without an evaluation have none. All
+    into that epoch's logs (and so into the ``History``), replacing ``validation_data``'s results of the
+    same names; epochs without an evaluation have none. All
     results are kept in :attr:`results` and in the state that checkpoints save (the user's callback keeps
     its own state).
 
@@ -347,6 +348,9 @@ class CrossValidation(KfitCallback):
         self.data.check_model(self.training_model)
         if not self._restored:
             self._reset()
+        self._restored = False
+
+    def on_train_end(self, logs: dict | None = None) -> None:
         self._restored = False
 
     def on_step_end(self, clock: Clock, logs: dict | None) -> None:

@@ -12,10 +12,11 @@ from kfit.callbacks._monitor import MonitorCallback, check_count, check_real
 class EarlyStopping(MonitorCallback):
     """Stops training when the monitored value has not improved for ``patience``.
 
-    It reads the results of every :class:`kfit.callbacks.CrossValidation` of the run (through
-    ``on_cross_validation_end``, so it reacts in the step where the evaluation ran); in a run without
-    one it reads the epoch-end logs, as Keras's ``EarlyStopping`` does (``validation_data`` gives them
-    ``val_*`` values; epochs without validation results are skipped).
+    A ``val_*`` monitor reads the results of every :class:`kfit.callbacks.CrossValidation` of the run
+    (through ``on_cross_validation_end``, so it reacts in the step where the evaluation ran); in a run
+    without one, or for a training value such as ``"loss"``, it reads the epoch-end logs, as Keras's
+    ``EarlyStopping`` does (``validation_data`` gives them ``val_*`` values; epochs without validation
+    results are skipped).
 
     An evaluation improves when it beats the best value so far by more than ``min_delta`` (absolute, or
     relative to ``|best|``); ties do not. Time is counted in ``unit``: evaluations (``patience=2`` stops
@@ -146,9 +147,10 @@ class EarlyStopping(MonitorCallback):
             self.training_model.stop_training = True
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        super().on_train_end(logs)
         if self.restore_best_weights and self.best_weights is not None:
             self.model.set_weights(self.best_weights)
-            self.say(f"restored the weights of evaluation {self.best_evaluation} ({self.monitor} = {self.best:.6g}).")
+            self.say(f"restored the weights of the evaluation at {self.best_samples} samples ({self.monitor} = {self.best:.6g}).")
 
     # -- state -----------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:

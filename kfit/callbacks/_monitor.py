@@ -1,8 +1,8 @@
 """What early stopping and learning-rate reduction share: a monitored value, its best, and time in units.
 
-A controller observes one value per evaluation: from each cross-validation (``on_cross_validation_end``)
-when the run has a :class:`kfit.callbacks.CrossValidation`, else from the epoch-end logs (as Keras's
-callbacks do). Durations (patience, burn-in, cooldown) count evaluations, samples or epochs of the clock;
+A controller observes one value per evaluation: a ``val_*`` value from each cross-validation
+(``on_cross_validation_end``) when the run has a :class:`kfit.callbacks.CrossValidation`, else (and for
+training values such as ``loss``) from the epoch-end logs, as Keras's callbacks do. Durations (patience, burn-in, cooldown) count evaluations, samples or epochs of the clock;
 everything a decision depends on is in :meth:`MonitorCallback.get_state`, so a resumed run decides as an
 uninterrupted one.
 """
@@ -177,9 +177,12 @@ class MonitorCallback(KfitCallback):
         from kfit.callbacks._cross_validation import CrossValidation
 
         has_cv = any(isinstance(p, CrossValidation) for p in self.peers())
-        self._source = "cross_validation" if has_cv else "epoch"
+        self._source = "cross_validation" if has_cv and self.monitor.startswith("val_") else "epoch"
         if not self._restored:
             self._reset()
+        self._restored = False
+
+    def on_train_end(self, logs: dict | None = None) -> None:
         self._restored = False
 
     def on_cross_validation_end(self, index: int, logs: dict) -> None:

@@ -14,8 +14,8 @@ from kfit.callbacks._monitor import MonitorCallback, check_count, check_real
 class ReduceLROnPlateau(MonitorCallback):
     """Multiplies the learning rate by ``factor`` when the monitored value stops improving.
 
-    It reads the results of every :class:`kfit.callbacks.CrossValidation` of the run, or, without one,
-    the epoch-end logs (see :class:`EarlyStopping`). A reduction is due at an evaluation that does not
+    A ``val_*`` monitor reads the results of every :class:`kfit.callbacks.CrossValidation` of the run;
+    without one, or for a training value, the epoch-end logs (see :class:`EarlyStopping`). A reduction is due at an evaluation that does not
     improve (by more than ``min_delta``), that is past the burn-in (time ``> burn_in``) and past the
     cooldown (time ``> last reduction + cooldown``; evaluations in the cooldown count towards nothing), and
     that comes ``patience`` or more after the latest of: the last improvement, the end of the burn-in, the
@@ -166,7 +166,8 @@ class ReduceLROnPlateau(MonitorCallback):
             return
         old = self.learning_rate()
         new = max(old * self.factor, self.min_lr)
-        if old - new <= self.min_lr_change:
+        # A change below a millionth of the rate is float32 rounding of a rate already at the floor.
+        if old - new <= max(self.min_lr_change, 1e-6 * old):
             if self.stop_at_floor:
                 self._stop(f"the learning rate {old:.6g} is at its floor (min_lr={self.min_lr}): stopping.")
             return

@@ -249,7 +249,7 @@ def _fit_with_model_fit(model, x, y, batch_size, epochs, verbose, callbacks, val
     clock_callbacks: list = []
     if n is not None and steps_per_epoch is None:
         clock_callbacks.append(SampleClock(batch_size=int(batch_size or 32), num_samples=n))
-    history = keras.callbacks.History()
+    history = RunHistory()
     summaries = EpochSummaries(history)
     callbacks = ordered_callbacks(clock_callbacks + callbacks + [summaries])
     object.__setattr__(model, PEERS_ATTRIBUTE, [])
@@ -258,7 +258,7 @@ def _fit_with_model_fit(model, x, y, batch_size, epochs, verbose, callbacks, val
     try:
         model.fit(
             x, y, batch_size=batch_size, epochs=epochs, verbose=verbose,
-            callbacks=[history] + callbacks,
+            callbacks=callbacks + [history],
             validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
             class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch,
             steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
@@ -268,6 +268,18 @@ def _fit_with_model_fit(model, x, y, batch_size, epochs, verbose, callbacks, val
         attach_context(model, None)
     history.epoch_summaries = summaries.summaries
     return history
+
+
+class RunHistory(keras.callbacks.History):
+    """The run's History: called last at every epoch end (after cross-validation and the controllers
+    have added their results to the logs); one per ``kfit.fit`` call, so it does not clear itself when
+    training begins (a checkpoint restores it)."""
+
+    order = 1000
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if not hasattr(self, "epoch"):
+            self.epoch = []
 
 
 class _BatchHooks:
@@ -354,7 +366,7 @@ class _StreamFit:
         if not distributed.is_chief():
             self.verbose = 0  # only rank 0 prints progress
         self.clock = attach_clock(model, Clock(samples=initial_epoch * self.epoch_size, epoch_size=self.epoch_size))
-        self.history = keras.callbacks.History()
+        self.history = RunHistory()
         self.summaries = EpochSummaries(self.history)
         self.callbacks = ordered_callbacks(callbacks + [self.summaries])
         object.__setattr__(model, PEERS_ATTRIBUTE, [])
@@ -383,8 +395,7 @@ class _StreamFit:
         model, clock = self.model, self.clock
         attach_context(model, self.context)
         callback_list = keras.callbacks.CallbackList(
-            # History first: its on_train_begin clears the epoch list, which a restore then refills.
-            [self.history] + self.callbacks,
+            self.callbacks + [self.history],
             add_history=False,
             add_progbar=self.verbose != 0,
             verbose=self.verbose,
