@@ -93,9 +93,12 @@ class Checkpoint(KfitCallback):
 
     A checkpoint is taken when the clock crosses a multiple of ``frequency`` samples (when that step ends an
     epoch, at the epoch's end, after its history and validation), or every ``epochs`` epochs, and once at
-    the end of training. With neither given, once per epoch. With ``async_write`` the state is copied to
-    host memory on the training thread and written on a background thread; the last write is finished
-    before ``fit`` returns (and before the process exits).
+    the end of training. With neither given, once per epoch. When training stops in the middle of an epoch
+    (``max_samples``, ``stop_training``), the final checkpoint is the state after the last step, before the
+    partial epoch is closed, so that a run resumed from it (say with a larger ``max_samples``) goes on as one
+    that never stopped. With ``async_write`` the state is copied to host memory on the training thread and
+    written on a background thread; the last write is finished before ``fit`` returns (and before the
+    process exits).
 
     Under plain ``model.fit`` the callback saves and restores everything it can reach (add a
     :class:`SampleClock` for sample frequencies); model.fit then goes on from the start of the saved epoch,
@@ -154,9 +157,7 @@ class Checkpoint(KfitCallback):
                 raise ValueError(f"Invalid value for argument `{argument}`: expected True or False. Received: {argument}={value!r}")
         self.path = path
         self.frequency = frequency
-        self.epochs = epochs if frequency is not None or epochs is not None else 1
-        if frequency is not None:
-            self.epochs = None
+        self.epochs = 1 if frequency is None and epochs is None else epochs
         self.preserve_all = preserve_all
         self.keep = keep
         self.restore = restore
@@ -168,6 +169,8 @@ class Checkpoint(KfitCallback):
         self._writer = _BackgroundWriter()
         self._buffers: dict = {}
         self._pending = False
+        self._steps_unsaved = 0
+        self._epochs_done = 0
         self._history_epochs: list | None = None
         self._noted_model_fit = False
         self._set_initial_epoch = False
@@ -194,11 +197,14 @@ class Checkpoint(KfitCallback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._writer.wait()
         self._pending = False
+        self._steps_unsaved = 0
+        self._epochs_done = 0
         self._history_epochs = None
         self.restored_from = None
         self.saves = 0
         if self.frequency is not None:
             self.clock  # noqa: B018  (a sample frequency needs the clock: raises a clear error without one)
+        _state.stateful_callbacks(self._parts().callbacks)  # two callbacks with one state key: refuse now
         if self._chief():
             self._check_writable()
             _format.remove_stale_temporaries(self.path)
@@ -228,18 +234,33 @@ class Checkpoint(KfitCallback):
                 history.epoch = list(self._history_epochs)
             self._history_epochs = None
 
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        if get_clock(self._model) is not None:  # plain model.fit without a SampleClock: epochs only
+            super().on_train_batch_begin(batch, logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._steps_unsaved += 1
+        if get_clock(self._model) is not None:
+            self._dispatch_step_end(batch, logs)  # KfitCallback's batch-end hook: counts the step, on_step_end
+
     def on_step_end(self, clock: Clock, logs: dict | None) -> None:
+        if self._training_ends(clock) and clock.samples_in_epoch:
+            # Training stops in the middle of an epoch (max_samples, stop_training): the final checkpoint is
+            # this step's state, before the partial epoch is closed, so that a run resumed from it (say with
+            # a larger max_samples) goes on exactly as one that never stopped.
+            self._save()
+            return
         if self.frequency is None or not clock.minibatch_size:
             return
         if (clock.samples - clock.minibatch_size) // self.frequency == clock.samples // self.frequency:
             return
-        if self._ends_epoch(clock):
+        if clock.epoch_size and clock.samples_in_epoch == 0:
             self._pending = True  # save after the epoch's end (history, validation, epoch callbacks)
         else:
             self._save()
 
-    def _ends_epoch(self, clock: Clock) -> bool:
-        if self._model.stop_training or (clock.epoch_size and clock.samples_in_epoch == 0):
+    def _training_ends(self, clock: Clock) -> bool:
+        if self._model.stop_training:
             return True
         context = get_context(self._model)
         if context is None or not clock.epoch_size:
@@ -248,13 +269,17 @@ class Checkpoint(KfitCallback):
         return bool(bounds) and clock.samples >= min(bounds)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._epochs_done = epoch + 1
         if self._pending or (self.epochs is not None and (epoch + 1) % self.epochs == 0):
             self._save(epoch, logs)
         self._pending = False
 
     def on_train_end(self, logs: dict | None = None) -> None:
         try:
-            self._save()
+            # The final checkpoint, unless the last one already holds this state (taken at the last epoch end,
+            # or at the last step when training stopped mid-epoch) or nothing was trained after a restore.
+            if self._steps_unsaved or (self.saves == 0 and self.restored_from is None):
+                self._save()
             self._writer.wait()
         finally:
             if self._set_initial_epoch:
@@ -275,13 +300,14 @@ class Checkpoint(KfitCallback):
         arrays, meta = _state.collect(parts, self._buffers if self.async_write else None, epoch, logs)
         samples = meta["summary"]["samples"]
         if samples is None:  # plain model.fit without a SampleClock: number by epochs
-            samples = 0 if epoch is None else epoch + 1
+            samples = self._epochs_done
         path, keep, preserve_all = self.path, self.keep, self.preserve_all
 
         def job() -> None:
             _format.write_checkpoint(path, arrays, meta, samples, keep=keep, preserve_all=preserve_all)
 
         self.saves += 1
+        self._steps_unsaved = 0
         if self.async_write:
             self._writer.submit(job)
         else:
@@ -298,22 +324,22 @@ class Checkpoint(KfitCallback):
             try:
                 meta, arrays = _format.read_file(file)
             except CheckpointCorruptError as damage:
-                damaged.append(file)
-                warnings.warn(f"{damage} Falling back to the previous checkpoint.", stacklevel=2)
+                damaged.append(str(damage))
                 continue
-            restore = _state.plan_restore(parts, meta, arrays, file)
+            # Under model.fit the metrics restart at each epoch: restoring them would only raise warnings.
+            restore = _state.plan_restore(parts, meta, arrays, file, metrics=parts.kfit_fit)
             if not parts.kfit_fit:
                 self._for_model_fit(parts, restore)
             _state.apply_restore(parts, restore, meta, arrays)
             self._after_restore(parts)
             self.restored_from = _info(file, meta, checksum_ok=True)
             if damaged:
-                warnings.warn(f"Resumed from {file!r} (sample {self.restored_from.samples}): the newer "
-                              f"checkpoints {damaged} are damaged.", stacklevel=2)
+                warnings.warn(" ".join(damaged) + f" Falling back to the previous intact checkpoint: resumed from "
+                              f"{file!r} (sample {self.restored_from.samples}).", stacklevel=2)
             return
         raise CheckpointError(
-            f"None of the checkpoints of {self.path!r} is intact ({files}). Move them away to start afresh, or "
-            "pass restore=False."
+            f"None of the checkpoints of {self.path!r} is intact: {' '.join(damaged)} Move them away to start "
+            "afresh, or pass restore=False."
         )
 
     def _for_model_fit(self, parts: _state.TrainingParts, restore: Any) -> None:

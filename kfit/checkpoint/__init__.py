@@ -19,8 +19,8 @@ Example:
     >>> path = os.path.join(tempfile.mkdtemp(), "run.ckpt")
     >>> _ = kfit.save_checkpoint(path, model)
     >>> info = kfit.load_checkpoint(path, model)
-    >>> info.checksum_ok, [v.path for v in info.variables if v.group == "model"]
-    (True, ['sequential/dense/kernel', 'sequential/dense/bias'])
+    >>> info.checksum_ok, [v.shape for v in info.variables if v.group == "model"]
+    (True, [(3, 1), (1,)])
 """
 
 from __future__ import annotations

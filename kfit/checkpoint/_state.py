@@ -153,8 +153,15 @@ def host_view(value: Any) -> np.ndarray:
 
         if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dtype != torch.bfloat16:
             return value.detach().numpy()
+    elif _backend.BACKEND == "tensorflow":
+        # A variable's read is an immutable tensor (a later assign copies on write); ``_numpy`` views its
+        # buffer where ``numpy()`` would copy it. The view keeps the tensor alive.
+        tensor = value.read_value() if hasattr(value, "read_value") else value
+        array = tensor._numpy() if hasattr(tensor, "_numpy") else None
+        if isinstance(array, np.ndarray):
+            return array
     else:
-        array = np.asarray(value)
+        array = np.asarray(value)  # a JAX array on the CPU: a view
         if array.dtype != object:
             return array
     return keras.ops.convert_to_numpy(value)
@@ -296,16 +303,19 @@ def _match_group(group: str, variables: list, saved: list[str], arrays: dict, fi
         order = [where[path] for path in current]
     else:
         order = list(range(len(current)))
-        for i, path in enumerate(current):
-            if i >= len(saved) or _normalized(path) != _normalized(saved[i]):
-                v = variables[i]
-                found = (f"the checkpoint's variable {i} is {saved[i]!r}" if i < len(saved)
-                         else f"the checkpoint holds only {len(saved)} {group} variables")
-                raise CheckpointMismatchError(
-                    f"The checkpoint {file!r} does not fit this model: {group} variable "
-                    f"{_describe(v.path, v.shape, keras.backend.standardize_dtype(v.dtype))} is not in it "
-                    f"({found}). Restore into a model (and optimizer) built like the one that saved it."
-                )
+        for i, v in enumerate(variables):
+            mine = _describe(v.path, v.shape, keras.backend.standardize_dtype(v.dtype))
+            if i >= len(saved):
+                problem = f"{group} variable {mine} is not in it (it holds only {len(saved)} {group} variables)"
+            elif _normalized(v.path) != _normalized(saved[i]) or tuple(v.shape) != stored[i].shape:
+                theirs = _describe(saved[i], stored[i].shape, stored[i].dtype.name)
+                problem = f"{group} variable {mine} differs from the checkpoint's {theirs} in its place"
+            else:
+                continue
+            raise CheckpointMismatchError(
+                f"The checkpoint {file!r} does not fit this model: {problem}. Restore into a model (and "
+                "optimizer) built like the one that saved it."
+            )
         if len(saved) > len(current):
             raise CheckpointMismatchError(
                 f"The checkpoint {file!r} does not fit this model: it holds {len(saved)} {group} variables and "
@@ -313,7 +323,7 @@ def _match_group(group: str, variables: list, saved: list[str], arrays: dict, fi
                 "a model (and optimizer) built like the one that saved it."
             )
     pairs = []
-    for variable, index in zip(variables, order):
+    for variable, index in zip(variables, order, strict=True):
         pairs.append((variable, _fit_array(group, variable, saved[index], stored[index], file)))
     return pairs
 
@@ -375,8 +385,11 @@ def _build_optimizer(model: Any, meta: dict, file: str) -> None:
         optimizer.build(model.trainable_variables)
 
 
-def plan_restore(parts: TrainingParts, meta: dict, arrays: dict, file: str) -> _Restore:
-    """Checks that the checkpoint fits the run and prepares every assignment; changes nothing."""
+def plan_restore(parts: TrainingParts, meta: dict, arrays: dict, file: str, metrics: bool = True) -> _Restore:
+    """Checks that the checkpoint fits the run and prepares every assignment; changes nothing.
+
+    With ``metrics`` the metric variables are restored too, when they fit (a note says so otherwise).
+    """
     model = parts.model
     restore = _Restore()
     if meta.get("backend") != _backend.BACKEND:
@@ -393,7 +406,7 @@ def plan_restore(parts: TrainingParts, meta: dict, arrays: dict, file: str) -> _
     variables = model_variables(model)
     for group in ("model", "optimizer"):
         restore.assignments += _match_group(group, variables[group], meta["variables"][group], arrays, file)
-    if meta["variables"]["metrics"] and variables["metrics"]:  # unbuilt metrics have nothing to restore
+    if metrics and meta["variables"]["metrics"] and variables["metrics"]:  # unbuilt metrics: nothing to restore
         try:
             restore.assignments += _match_group("metrics", variables["metrics"], meta["variables"]["metrics"], arrays, file)
             restore.metrics_restored = True
@@ -425,7 +438,7 @@ def plan_restore(parts: TrainingParts, meta: dict, arrays: dict, file: str) -> _
     for key, callback in keyed.items():
         if key in saved_states:
             restore.callback_states.append((callback, _decode(saved_states[key], arrays)))
-        elif callback.get_state():
+        elif saved_states and callback.get_state():  # (a file saved without callbacks: no note for each)
             restore.notes.append(f"The checkpoint {file!r} holds no state for callback {key!r}: it starts afresh.")
     unused = sorted(set(saved_states) - set(keyed))
     if unused:

@@ -1,0 +1,87 @@
+"""Training run for the kill-and-resume test (tests/test_checkpoint_resume.py).
+
+    python tests/scripts/resume_train.py CHECKPOINT RESULT
+
+Trains a small model with Dropout (seed-generator state), kfit's MomentumSGD (slots, minibatch-size
+variable), a minibatch-size schedule, a learning-rate schedule callback, ``epoch_size`` apart from the data
+size, and a Checkpoint every 110 samples (mid-epoch, some while the minibatch size changes). With
+``restore=True`` every start resumes from the newest intact checkpoint. Prints one JSON line when training
+starts (what was restored), and on completion writes the final weights, optimizer variables and history to
+RESULT (``.npz`` + ``.json``). The parent test kills this process at random points and restarts it.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import kfit  # noqa: E402
+
+if keras.backend.backend() == "torch":
+    import torch
+
+    torch.set_num_threads(1)
+
+
+class AnnounceStart(kfit.callbacks.KfitCallback):
+    """Prints, at the first step, where training starts and which checkpoint it was restored from."""
+
+    order = 200  # after the Checkpoint's restore
+
+    def __init__(self, checkpoint):
+        super().__init__(name="announce")
+        self.checkpoint = checkpoint
+        self.done = False
+
+    def on_step_begin(self, clock):
+        if self.done:
+            return
+        self.done = True
+        info = self.checkpoint.restored_from
+        line = {"event": "start", "samples": clock.samples, "pid": os.getpid(),
+                "restored_from": None if info is None else os.path.basename(info.path),
+                "restored_samples": None if info is None else info.samples,
+                "checksum_ok": None if info is None else info.checksum_ok}
+        print(json.dumps(line), flush=True)
+
+
+def main(checkpoint_path: str, result_path: str) -> None:
+    keras.utils.set_random_seed(1234)
+    data = np.random.default_rng(0)
+    x = data.normal(size=(200, 16)).astype("float32")
+    y = (x[:, :4] @ data.normal(size=(4, 4)) + 0.1 * data.normal(size=(200, 4))).astype("float32")
+    model = keras.Sequential([
+        keras.Input((16,)),
+        keras.layers.Dense(64, activation="tanh"),
+        keras.layers.Dropout(0.25, seed=7),
+        keras.layers.Dense(64, activation="tanh"),
+        keras.layers.Dense(4),
+    ])
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(learning_rate=0.01, momentum=0.9), loss="mse", metrics=["mae"])
+    checkpoint = kfit.callbacks.Checkpoint(checkpoint_path, frequency=110, keep=2, restore=True)
+    callbacks = [
+        kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample([0.002] * 6 + [0.001], epoch_size=150)),
+        checkpoint,
+        AnnounceStart(checkpoint),
+    ]
+    history = kfit.fit(
+        model, x, y, minibatch_size=kfit.schedules.minibatch_size([16] * 5 + [24], epoch_size=150),
+        epoch_size=150, epochs=16, seed=11, callbacks=callbacks, verbose=0,
+    )
+    arrays = {f"model_{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(model.variables)}
+    arrays.update({f"optimizer_{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(model.optimizer.variables)})
+    np.savez(result_path + ".npz", **arrays)
+    with open(result_path + ".json", "w") as f:
+        json.dump({"history": history.history, "epoch": history.epoch}, f)
+    print(json.dumps({"event": "done"}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
+    sys.stdout.flush()
+    os._exit(0)  # the results are written and the last checkpoint is on disk: skip the backends' slow teardown

@@ -1,0 +1,560 @@
+"""Full-state checkpoints: exact resume, damaged and mismatched files, file naming, model.fit, the CLI.
+
+The kill-and-resume test with real processes is in test_checkpoint_resume.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+import warnings
+
+import h5py
+import keras
+import numpy as np
+import pytest
+
+import kfit
+from kfit.checkpoint import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    _format,
+    list_checkpoints,
+    read_checkpoint_info,
+)
+from kfit.cli import main as cli
+
+FIT = dict(minibatch_size=[8, 8, 8, 16], epoch_size=60, seed=5, verbose=0)
+
+
+def make_model(hidden: int = 8, optimizer: str = "momentum", dropout: bool = True, extra_layer: bool = False):
+    keras.utils.set_random_seed(1)
+    layers = [keras.Input((4,)), keras.layers.Dense(hidden, activation="tanh")]
+    if dropout:
+        layers.append(keras.layers.Dropout(0.3, seed=3))
+    if extra_layer:
+        layers.append(keras.layers.Dense(hidden, activation="tanh"))
+    layers.append(keras.layers.Dense(1))
+    model = keras.Sequential(layers)
+    if optimizer == "momentum":
+        opt = kfit.optimizers.MomentumSGD(learning_rate=0.01, momentum=0.9)
+    else:
+        opt = keras.optimizers.Adam(learning_rate=0.01)
+    model.compile(optimizer=opt, loss="mse", metrics=["mae"])
+    return model
+
+
+def data(n: int = 100):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 4)).astype("float32"), rng.normal(size=(n, 1)).astype("float32")
+
+
+def state(model) -> list[np.ndarray]:
+    return [keras.ops.convert_to_numpy(v.value) for v in model.variables + model.optimizer.variables]
+
+
+def assert_same_state(a, b) -> None:
+    sa, sb = state(a), state(b)
+    assert len(sa) == len(sb)
+    for i, (x, y) in enumerate(zip(sa, sb, strict=True)):
+        assert np.array_equal(x, y), (a.variables + a.optimizer.variables)[i].path
+
+
+def built(model, x):
+    model(x[:2])
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """An uninterrupted run of 5 epochs: (state, history, epoch)."""
+    keras.backend.clear_session()
+    x, y = data()
+    model = make_model()
+    history = kfit.fit(model, x, y, epochs=5, **FIT)
+    return state(model), history.history, history.epoch
+
+
+def interrupted_run(path, **checkpoint):
+    """The first 152 samples (2.5 epochs) of the reference run, with checkpoints. (The reference run passes
+    through sample 152; a stop elsewhere would cut a minibatch short, which the reference never does.)"""
+    x, y = data()
+    options = dict(frequency=70, keep=2) | checkpoint
+    callback = kfit.callbacks.Checkpoint(path, **options)
+    kfit.fit(make_model(), x, y, epochs=5, max_samples=152, callbacks=[callback], **FIT)
+    return callback
+
+
+def resume(path, **checkpoint):
+    x, y = data()
+    model = make_model()
+    callback = kfit.callbacks.Checkpoint(path, frequency=70, keep=2, **checkpoint)
+    history = kfit.fit(model, x, y, epochs=5, callbacks=[callback], **FIT)
+    return model, history, callback
+
+
+def assert_matches_reference(model, history, reference) -> None:
+    expected_state, expected_history, expected_epoch = reference
+    got = state(model)
+    for i, (x, y) in enumerate(zip(expected_state, got, strict=True)):
+        assert np.array_equal(x, y), (model.variables + model.optimizer.variables)[i].path
+    assert history.history == expected_history
+    assert history.epoch == expected_epoch
+
+
+# -- exact resume ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("async_write", [True, False])
+def test_resume_mid_epoch_is_bit_identical(tmp_path, reference, async_write):
+    path = tmp_path / "run.ckpt"
+    first = interrupted_run(path, async_write=async_write)
+    assert first.saves == 2  # crossing 70 samples (at 76), and the final one at the mid-epoch stop at 152
+    assert read_checkpoint_info(path).samples_in_epoch == 32
+    model, history, callback = resume(path, async_write=async_write)
+    assert callback.restored_from.samples == 152 and callback.restored_from.checksum_ok
+    assert_matches_reference(model, history, reference)
+
+
+def test_restore_falls_back_to_the_previous_intact_checkpoint(tmp_path, reference):
+    path = tmp_path / "run.ckpt"
+    interrupted_run(path)
+    assert [s for s, _ in list_checkpoints(path)] == [152, 152, 76]
+    os.remove(f"{path}.152")
+    with open(path, "r+b") as f:  # damage the newest file
+        f.truncate(os.path.getsize(path) // 2)
+    with pytest.warns(UserWarning, match="truncated or damaged.*Falling back to the previous intact checkpoint: resumed from .*run.ckpt.76"):
+        model, history, callback = resume(path)
+    assert callback.restored_from.samples == 76 and callback.restored_from.path == f"{path}.76"
+    assert_matches_reference(model, history, reference)
+
+
+def test_restore_after_a_change_of_minibatch_size_schedule(tmp_path):
+    """Resumed with another schedule, the run goes on from the saved sample with the new sizes: exactly as a
+    run whose schedule switches at that sample (the minibatch-size variable follows)."""
+    x, y = data()
+    first, second = [8, 8, 8, 16], kfit.schedules.minibatch_size([12, 20], epoch_size=60)
+    options = dict(epoch_size=60, seed=5, verbose=0)
+    path = tmp_path / "run.ckpt"
+    kfit.fit(make_model(), x, y, epochs=3, max_samples=92, minibatch_size=first,
+             callbacks=[kfit.callbacks.Checkpoint(path, frequency=50)], **options)
+    resumed = make_model()
+    callback = kfit.callbacks.Checkpoint(path, frequency=50)
+    history = kfit.fit(resumed, x, y, epochs=3, minibatch_size=second, callbacks=[callback], **options)
+    assert callback.restored_from.samples == 92
+
+    switch = kfit.schedules.minibatch_size(lambda samples: 8 if samples < 24 else 16 if samples < 92 else second.value(samples))
+    expected = make_model()
+    expected_history = kfit.fit(expected, x, y, epochs=3, minibatch_size=switch, **options)
+    assert_same_state(expected, resumed)
+    assert history.history == expected_history.history
+    size = kfit.optimizers.minibatch_size_variable(resumed.optimizer)
+    assert float(keras.ops.convert_to_numpy(size)) == 20.0  # the new schedule's size (20 from sample 60 on)
+
+
+def test_save_and_load_restore_everything(tmp_path):
+    x, y = data()
+    model = built(make_model(), x)
+    clock = kfit.Clock(samples=130, minibatches=9, epoch_size=60, minibatch_size=16)
+    stream = kfit.data.SampleStream(x, y, seed=3)
+    stream.position = 130
+
+    class Stateful(kfit.callbacks.KfitCallback):
+        def __init__(self, value):
+            super().__init__(name="stateful")
+            self.value = value
+
+        def get_state(self):
+            return self.value
+
+        def set_state(self, state):
+            self.value = state
+
+    value = {"best": 0.5, "weights": [np.arange(6.0).reshape(2, 3), np.ones(2, "int32")],
+             "by_index": {3: "three", 4: None}, "pair": (1, 2), "nan": float("nan")}
+    history = keras.callbacks.History()
+    history.history, history.epoch = {"loss": [1.5, 0.75]}, [0, 1]
+    np.random.seed(7)
+    random.seed(7)
+    saved = state(model)
+    kfit.save_checkpoint(tmp_path / "c.ckpt", model, clock=clock, stream=stream, callbacks=[Stateful(value)], history=history)
+    expected_draws = (np.random.random(3), random.random())
+
+    for v in model.variables + model.optimizer.variables:
+        v.assign(keras.ops.zeros(v.shape, v.dtype))
+    other_clock, other_stream = kfit.Clock(epoch_size=60), kfit.data.SampleStream(x, y, seed=0)
+    callback, other_history = Stateful(None), keras.callbacks.History()
+    info = kfit.load_checkpoint(tmp_path / "c.ckpt", model, clock=other_clock, stream=other_stream,
+                                callbacks=[callback], history=other_history)
+    assert info.samples == 130 and info.checksum_ok and info.optimizer == "MomentumSGD"
+    for a, b in zip(saved, state(model), strict=True):
+        assert np.array_equal(a, b)
+    assert other_clock.get_state() == clock.get_state()
+    assert other_stream.get_state() == stream.get_state()
+    assert other_history.history == history.history and other_history.epoch == [0, 1]
+    got = callback.value
+    assert got["best"] == 0.5 and got["by_index"] == {3: "three", 4: None} and got["pair"] == [1, 2]
+    assert np.isnan(got["nan"])
+    assert np.array_equal(got["weights"][0], value["weights"][0]) and got["weights"][1].dtype == np.int32
+    assert np.array_equal(np.random.random(3), expected_draws[0]) and random.random() == expected_draws[1]
+    if keras.backend.backend() == "torch":
+        import torch
+
+        torch.manual_seed(3)
+        kfit.save_checkpoint(tmp_path / "t.ckpt", model)
+        draw = torch.rand(3)
+        kfit.load_checkpoint(tmp_path / "t.ckpt", model)
+        assert torch.equal(torch.rand(3), draw)
+
+
+def test_a_model_built_twice_in_one_process_loads_by_position(tmp_path):
+    x, _ = data()
+    first = built(make_model(), x)
+    kfit.save_checkpoint(tmp_path / "c.ckpt", first)
+    second = built(make_model(), x)  # sequential_1/dense_2/...: Keras numbered the names
+    for v in second.trainable_variables:
+        v.assign(keras.ops.zeros(v.shape, v.dtype))
+    kfit.load_checkpoint(tmp_path / "c.ckpt", second)
+    assert_same_state(first, second)
+
+
+# -- damaged, missing and mismatched files --------------------------------------------------------------
+def saved_model(tmp_path):
+    x, _ = data()
+    model = built(make_model(), x)
+    path = tmp_path / "c.ckpt"
+    kfit.save_checkpoint(path, model)
+    for v in model.trainable_variables:  # something a failed restore must not overwrite
+        v.assign(keras.ops.ones(v.shape, v.dtype))
+    return model, path
+
+
+def test_truncated_file_is_refused_and_changes_nothing(tmp_path):
+    model, path = saved_model(tmp_path)
+    before = state(model)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 100)
+    with pytest.raises(CheckpointCorruptError, match="truncated or damaged"):
+        kfit.load_checkpoint(path, model)
+    for a, b in zip(before, state(model), strict=True):
+        assert np.array_equal(a, b)
+
+
+def flip_byte(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+def test_flipped_byte_is_refused_naming_the_variable(tmp_path):
+    model, path = saved_model(tmp_path)
+    before = state(model)
+    with h5py.File(path, "r") as f:
+        offset = f["model/0"].id.get_offset() + 5
+    flip_byte(path, offset)
+    with pytest.raises(CheckpointCorruptError, match=r"checksum of variable 'sequential.*/dense.*/kernel' \(model/0\) does not hold"):
+        kfit.load_checkpoint(path, model)
+    info = read_checkpoint_info(path)
+    assert info.checksum_ok is False and "model/0" in info.problem
+    for a, b in zip(before, state(model), strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_flipped_byte_in_the_metadata_is_refused(tmp_path):
+    _, path = saved_model(tmp_path)
+    content = open(path, "rb").read()
+    flip_byte(path, content.index(b'"kfit_version"') + 3)
+    with pytest.raises(CheckpointCorruptError, match="checksum of its metadata does not hold"):
+        read_checkpoint_info(path)
+
+
+def test_wrong_model_is_refused_naming_the_first_variable_that_differs(tmp_path):
+    _, path = saved_model(tmp_path)
+    x, _ = data()
+    keras.backend.clear_session()  # the same layer names as the saved model: variables are matched by path
+    wider = built(make_model(hidden=16), x)
+    before = state(wider)
+    with pytest.raises(CheckpointMismatchError, match=r"model variable 'sequential/dense/kernel' has shape \(4, 16\) in the model and \(4, 8\)"):
+        kfit.load_checkpoint(path, wider)
+    # Other names (Keras numbered them): matched by position; the first variable that differs is named.
+    deeper = built(make_model(extra_layer=True), x)
+    with pytest.raises(CheckpointMismatchError, match=r"model variable 'sequential_\d+/dense_\d+/kernel' \(shape \(8, 8\), float32\) differs from the checkpoint's 'sequential/dense_1/kernel' \(shape \(8, 1\), float32\)"):
+        kfit.load_checkpoint(path, deeper)
+    for a, b in zip(before, state(wider), strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_wrong_optimizer_is_refused(tmp_path):
+    _, path = saved_model(tmp_path)
+    x, _ = data()
+    model = built(make_model(optimizer="adam"), x)
+    before = state(model)
+    with pytest.raises(CheckpointMismatchError, match="saved with a MomentumSGD optimizer.*this model's optimizer is a Adam"):
+        kfit.load_checkpoint(path, model)
+    for a, b in zip(before, state(model), strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_missing_file(tmp_path):
+    x, y = data()
+    model = built(make_model(), x)
+    with pytest.raises(CheckpointNotFoundError, match="does not exist") as error:
+        kfit.load_checkpoint(tmp_path / "nothing.ckpt", model)
+    assert isinstance(error.value, FileNotFoundError)
+    callback = kfit.callbacks.Checkpoint(tmp_path / "nothing.ckpt")  # restore=True starts afresh
+    kfit.fit(model, x, y, epochs=1, callbacks=[callback], **FIT)
+    assert callback.restored_from is None and os.path.isfile(tmp_path / "nothing.ckpt")
+
+
+def test_every_checkpoint_damaged_is_an_error(tmp_path):
+    _, path = saved_model(tmp_path)
+    with open(path, "r+b") as f:
+        f.truncate(100)
+    x, y = data()
+    with pytest.raises(CheckpointError, match="None of the checkpoints.*truncated or damaged"):
+        kfit.fit(make_model(), x, y, epochs=1, callbacks=[kfit.callbacks.Checkpoint(path)], **FIT)
+
+
+def test_files_that_are_not_kfit_checkpoints(tmp_path):
+    plain = tmp_path / "plain.h5"
+    with h5py.File(plain, "w") as f:
+        f["x"] = np.arange(3)
+    with pytest.raises(CheckpointCorruptError, match="not a kfit checkpoint"):
+        read_checkpoint_info(plain)
+    _, path = saved_model(tmp_path)
+    with h5py.File(path, "r+") as f:
+        f.attrs["format_version"] = _format.FORMAT_VERSION + 1
+    with pytest.raises(CheckpointError, match="Upgrade kfit"):
+        read_checkpoint_info(path)
+    # A dataset of Python objects is refused, never unpickled.
+    _, path = saved_model(tmp_path)
+    with h5py.File(path, "r+") as f:
+        meta = json.loads(f.attrs["meta"])
+        del f["model/0"]
+        f.create_dataset("model/0", data=np.array([b"cos\nsystem\n"], dtype=object), dtype=h5py.string_dtype())
+        meta["arrays"][0]["shape"] = [1]
+        f.attrs["meta"] = json.dumps(meta, sort_keys=True, separators=(",", ":"))
+        f.attrs["checksum"] = _format._checksum(f.attrs["meta"])
+    with pytest.raises(CheckpointCorruptError, match="non-numeric"):
+        _format.read_file(path)
+
+
+def _unprivileged(function):
+    """Runs ``function`` without root's power to write anywhere: in-process for a normal user, else in a
+    forked child that drops to the 'nobody' user. Returns (exception type name, message) or None."""
+    if os.geteuid() != 0:
+        try:
+            function()
+        except Exception as error:
+            return type(error).__name__, str(error)
+        return None
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # JAX warns about fork in a threaded process; the child only writes a file
+        pid = os.fork()
+    if pid == 0:  # the child: no backend calls, only NumPy, h5py and the file system
+        code = 0
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            function()
+        except Exception as error:
+            os.write(write, json.dumps([type(error).__name__, str(error)]).encode())
+            code = 3
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        reported = f.read()
+    os.waitpid(pid, 0)
+    return tuple(json.loads(reported)) if reported else None
+
+
+def test_read_only_directory_refuses_and_leaves_the_previous_checkpoint(tmp_path):
+    x, _ = data()
+    model = built(make_model(), x)
+    arrays, meta = kfit.checkpoint._state.collect(kfit.checkpoint._state.training_parts(model))
+    base = tempfile.mkdtemp()  # under /tmp: every directory above is open to the unprivileged user
+    try:
+        directory = os.path.join(base, "ro")
+        os.mkdir(directory)
+        target = os.path.join(directory, "c.ckpt")
+        _format.write_checkpoint(target, arrays, meta, 10)
+        before = open(target, "rb").read()
+        os.chmod(base, 0o755)
+        os.chmod(directory, 0o555)
+        failure = _unprivileged(lambda: _format.write_checkpoint(target, arrays, meta, 20))
+        assert failure is not None and failure[0] == "CheckpointError", failure
+        assert f"Cannot write the checkpoint {target!r}" in failure[1] and "Permission denied" in failure[1]
+        assert open(target, "rb").read() == before
+        assert os.listdir(directory) == ["c.ckpt"]
+    finally:
+        os.chmod(base, 0o700)
+        if os.path.isdir(os.path.join(base, "ro")):
+            os.chmod(os.path.join(base, "ro"), 0o755)
+        shutil.rmtree(base)
+
+
+def test_a_path_inside_a_file_fails_before_training(tmp_path):
+    blocker = tmp_path / "not_a_directory"
+    blocker.write_text("")
+    x, y = data()
+    model = make_model()
+    with pytest.raises(CheckpointError, match="cannot be created"):
+        kfit.save_checkpoint(blocker / "c.ckpt", built(make_model(), x))
+    with pytest.raises(CheckpointError, match=r"not_a_directory/c.ckpt"):
+        kfit.fit(model, x, y, epochs=1, callbacks=[kfit.callbacks.Checkpoint(blocker / "c.ckpt")], **FIT)
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 0
+
+
+# -- files kept ----------------------------------------------------------------------------------------
+def test_preserve_all_keeps_every_checkpoint_named_by_samples(tmp_path):
+    x, y = data()
+    path = tmp_path / "run.ckpt"
+    kfit.fit(make_model(), x, y, epochs=3, callbacks=[kfit.callbacks.Checkpoint(path, frequency=50, preserve_all=True)], **FIT)
+    # Sizes 8, 8, 8, then 16 (cut at epoch ends): 50, 100 and 150 are crossed at 56, 108 (mid-epoch) and 152;
+    # the final checkpoint is at 180 (an epoch end).
+    listing = list_checkpoints(path)
+    assert listing[0] == (180, str(path))
+    assert [s for s, _ in listing[1:]] == [180, 152, 108, 56]
+    assert sorted(os.listdir(tmp_path)) == sorted(["run.ckpt", "run.ckpt.56", "run.ckpt.108", "run.ckpt.152", "run.ckpt.180"])
+    for samples, file in listing:
+        assert read_checkpoint_info(file).samples == samples
+
+
+def test_keep_prunes_to_the_newest(tmp_path):
+    x, y = data()
+    path = tmp_path / "run.ckpt"
+    kfit.fit(make_model(), x, y, epochs=3, callbacks=[kfit.callbacks.Checkpoint(path, frequency=50, keep=2)], **FIT)
+    assert sorted(os.listdir(tmp_path)) == ["run.ckpt", "run.ckpt.152", "run.ckpt.180"]
+    kfit.fit(make_model(), x, y, epochs=3, callbacks=[kfit.callbacks.Checkpoint(path, epochs=1, restore=False)], **FIT)
+    assert os.listdir(tmp_path) == ["run.ckpt"]  # keep=1: only the newest, no numbered files
+
+
+# -- plain model.fit -----------------------------------------------------------------------------------
+def test_plain_model_fit_saves_and_restores_what_it_can(tmp_path):
+    x, y = data(96)
+    path = tmp_path / "run.ckpt"
+    model = make_model()
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0,
+              callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=96), kfit.callbacks.Checkpoint(path, frequency=40)])
+    info = read_checkpoint_info(path)
+    assert info.samples == 192 and info.epoch == 2 and not info.kfit_fit
+    assert info.last_metrics.keys() == {"loss", "mae"}
+
+    resumed = make_model()
+    callback = kfit.callbacks.Checkpoint(path, frequency=40)
+    clock = kfit.callbacks.SampleClock(batch_size=16, num_samples=96)
+    with pytest.warns(UserWarning, match="Train with kfit.fit"):
+        history = resumed.fit(x, y, batch_size=16, epochs=4, verbose=0, callbacks=[clock, callback])
+    assert callback.restored_from.samples == 192
+    assert history.epoch == [0, 1, 2, 3]  # went on from the saved epoch; the history holds all four
+    assert len(history.history["loss"]) == 4
+    assert kfit.get_clock(resumed).samples == 4 * 96
+    assert getattr(resumed, "_initial_epoch", None) is None  # not left for the next fit
+
+
+def test_plain_model_fit_mid_epoch_restarts_the_epoch(tmp_path):
+    x, y = data(96)
+    model = built(make_model(), x)
+    path = tmp_path / "run.ckpt"
+    clock = kfit.Clock(samples=128, minibatches=8, epoch_size=96, minibatch_size=16)
+    kfit.save_checkpoint(path, model, clock=clock)
+    resumed = make_model()
+    callback = kfit.callbacks.Checkpoint(path, epochs=1)
+    with pytest.warns(UserWarning, match="from the start of epoch 1"):
+        history = resumed.fit(x, y, batch_size=16, epochs=2, verbose=0,
+                              callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=96), callback])
+    assert history.epoch == [1]
+    assert kfit.get_clock(resumed).samples == 192 and kfit.get_clock(resumed).minibatches == 12
+
+
+def test_plain_model_fit_without_a_clock_saves_per_epoch(tmp_path):
+    x, y = data(96)
+    path = tmp_path / "run.ckpt"
+    model = make_model()
+    model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[kfit.callbacks.Checkpoint(path, keep=3)])
+    assert [s for s, _ in list_checkpoints(path)] == [None, 2, 1]  # numbered by epochs without a clock
+    with pytest.raises(RuntimeError, match="SampleClock"):
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[kfit.callbacks.Checkpoint(path, frequency=10)])
+
+
+# -- arguments and callbacks ------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(path=3), "`path`"),
+    (dict(path="x", frequency=0), "`frequency`"),
+    (dict(path="x", frequency=1.5), "`frequency`"),
+    (dict(path="x", epochs=-1), "`epochs`"),
+    (dict(path="x", frequency=10, epochs=1), "not both"),
+    (dict(path="x", keep=0), "`keep`"),
+    (dict(path="x", preserve_all="yes"), "`preserve_all`"),
+    (dict(path="x", restore=1), "`restore`"),
+    (dict(path="x", async_write=None), "`async_write`"),
+])
+def test_invalid_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        kfit.callbacks.Checkpoint(**kwargs)
+
+
+def test_directory_path_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="is a directory"):
+        kfit.callbacks.Checkpoint(tmp_path)
+
+
+def test_two_callbacks_with_one_key_are_refused(tmp_path):
+    x, y = data()
+    lr = [kfit.callbacks.LearningRateSchedule(0.01), kfit.callbacks.LearningRateSchedule(0.02)]
+    with pytest.raises(ValueError, match="same key 'learning_rate_schedule'.*name="):
+        kfit.fit(make_model(), x, y, epochs=1, callbacks=lr + [kfit.callbacks.Checkpoint(tmp_path / "c")], **FIT)
+
+
+# -- the command line ------------------------------------------------------------------------------------
+def test_cli_inspect(tmp_path, capsys):
+    x, y = data()
+    path = tmp_path / "run.ckpt"
+    kfit.fit(make_model(), x, y, epochs=2, callbacks=[kfit.callbacks.Checkpoint(path, frequency=50)], **FIT)
+    assert cli(["inspect", str(path)]) == 0
+    text = capsys.readouterr().out
+    for expected in ("checksum:        ok", "samples:         120", "epoch:           2", "learning rate:   0.01",
+                     "momentum:        0.9", "minibatch size:  12", "last metrics:    loss = ", "format version:  1",
+                     "sequential", "(4, 8)"):
+        assert expected in text, (expected, text)
+    assert cli(["inspect", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["samples"] == 120 and info["checksum_ok"] is True and info["format_version"] == 1
+    assert info["variables"][0]["shape"] == [4, 8] and info["variables"][5]["group"] == "optimizer"
+
+    with h5py.File(path, "r") as f:
+        offset = f["optimizer/4"].id.get_offset()
+    flip_byte(path, offset)
+    assert cli(["inspect", str(path)]) == 1
+    assert "checksum:        FAILED" in capsys.readouterr().out
+    assert cli(["inspect", str(tmp_path / "missing")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_background_writes_finish_and_report_their_errors():
+    import time
+
+    from kfit.callbacks._checkpoint import _BackgroundWriter
+
+    writer, done = _BackgroundWriter(), []
+    writer.submit(lambda: (time.sleep(0.05), done.append(1)))
+    assert not writer._thread.daemon  # the interpreter waits for it at exit (and atexit joins it too)
+    writer.submit(lambda: done.append(2))  # waits for the first write before starting the next
+    writer.wait()
+    assert done == [1, 2]
+
+    def fail():
+        raise CheckpointError("disk full")
+
+    writer.submit(fail)
+    with pytest.raises(CheckpointError, match="disk full"):
+        writer.wait()
+    writer.wait()  # reported once
