@@ -36,11 +36,13 @@ if BACKEND == "torch":
 
 @pytest.fixture(autouse=True)
 def _seeded():
-    """Every test starts from the same seeds and a clean Keras session."""
-    keras.backend.clear_session()
+    """Every test starts from the same seeds and a clean Keras session (names, uids, global state).
+
+    ``free_memory=False`` skips the garbage collection that makes ``clear_session`` cost ~0.2 s a test.
+    """
+    keras.backend.clear_session(free_memory=False)
     keras.utils.set_random_seed(1234)
     yield
-    keras.backend.clear_session()
 
 
 @pytest.fixture
