@@ -14,7 +14,16 @@ one worker (``rank() == 0``, ``size() == 1``) and Horovod is not imported.
 For plain ``model.fit``, this module ports Horovod's Keras API to Keras 3 under the same names:
 :func:`DistributedOptimizer`, :class:`BroadcastGlobalVariablesCallback`, :class:`MetricAverageCallback`,
 :class:`LearningRateWarmupCallback`, so a Horovod-Keras script ports by changing its imports
-(``import kfit.distributed as hvd``).
+(``import kfit.distributed as hvd``). Horovod's elastic mode: :class:`ElasticState` and ``@elastic.run``.
+
+Failures. When a worker dies, ``horovodrun`` ends the job: on one machine it sees the process exit and
+terminates the others at once ("Horovod detected that one or more processes exited with non-zero status
+... Process name: 1, Exit code: 137"); across machines the others' next collective fails as the dead
+peer's connections close. A worker that hangs without dying is detected by Gloo's timeout,
+``HOROVOD_GLOO_TIMEOUT_SECONDS`` (30 s by default), after which the job fails the same way. Run the same
+command again with a ``kfit.callbacks.Checkpoint`` (``restore=True``) to resume from the last checkpoint;
+its path must be readable by every worker (a shared file system), as every worker restores from it (rank 0's
+variables, clock and stream position are then broadcast, so they agree in any case).
 
 Example:
     >>> import kfit
@@ -83,6 +92,7 @@ def any_true(flag: bool) -> bool:
     same step, and no worker is left waiting in an allreduce alone.
 
     Example:
+        >>> import kfit
         >>> kfit.distributed.any_true(False)
         False
     """
@@ -154,10 +164,14 @@ _LAZY = {
     "BroadcastGlobalVariablesCallback": "kfit.distributed._callbacks",
     "MetricAverageCallback": "kfit.distributed._callbacks",
     "LearningRateWarmupCallback": "kfit.distributed._callbacks",
+    # Horovod's elastic mode (imports Horovod: use it under horovodrun only).
+    "ElasticState": "kfit.distributed._elastic",
 }
 
 
 def __getattr__(name: str) -> Any:
+    if name == "elastic":  # ``@kfit.distributed.elastic.run``, as ``@hvd.elastic.run``
+        return importlib.import_module("kfit.distributed._elastic")
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'kfit.distributed' has no attribute {name!r}")
@@ -168,12 +182,14 @@ __all__ = [
     "BroadcastGlobalVariablesCallback",
     "Compression",
     "DistributedOptimizer",
+    "ElasticState",
     "LearningRateWarmupCallback",
     "MetricAverageCallback",
     "Sum",
     "any_true",
     "average_metrics",
     "broadcast_training_state",
+    "elastic",
     "init",
     "is_chief",
     "is_distributed",

@@ -7,8 +7,6 @@ them there is harmless), and :class:`LearningRateWarmupCallback` works under bot
 
 from __future__ import annotations
 
-from typing import Any
-
 import keras
 
 from kfit import _backend
@@ -181,6 +179,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         self._restore_momentum: float | None = None
         self._last_lr: float | None = None
         self._finished = False
+        self._announced = False
 
     # -- setup ---------------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -216,7 +215,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
                     "LearningRateWarmupCallback could not find the number of steps per epoch: pass steps_per_epoch=..."
                 )
         self._last_lr = float(_backend.read_variable(model, self._lr_variable))
-        self._finished = False
+        self._finished = self._announced = False
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.current_epoch = epoch
@@ -245,9 +244,8 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
             clock.driver.batch_begin(clock)  # under model.fit: the step's size, once per step
         p = self.progress(batch)
         if p is None:
-            if not self._finished and self._last_lr is not None:
-                self._finished = True
             return
+        self._finished = p >= 1.0
         new_lr = self.learning_rate(p)
         old_lr = self._last_lr
         if new_lr == old_lr:
@@ -268,6 +266,6 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is not None and self._last_lr is not None:
             logs["lr"] = self._last_lr
-        if self.verbose and self._finished and rank() == 0 and not getattr(self, "_announced", False):
+        if self.verbose and self._finished and rank() == 0 and not self._announced:
             self._announced = True
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {self._last_lr:g}.")

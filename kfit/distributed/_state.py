@@ -13,6 +13,12 @@ from kfit.distributed import _horovod
 
 def any_true(flag: bool) -> bool:
     """True on every worker when ``flag`` is True on any worker: one allreduce of one integer."""
+    if _horovod.BACKEND == "jax":
+        import jax
+
+        # Wait (asleep) for the step dispatched last and its gradient allreduce, instead of polling
+        # for the flag's allreduce all through the step: with one core per worker, polling slows it.
+        jax.effects_barrier()
     (total,) = _horovod.host_sum([np.array([1 if flag else 0], dtype=np.int32)], "kfit.any_true")
     return bool(total[0] > 0)
 
@@ -35,7 +41,7 @@ def broadcast_variables(variables: list, root_rank: int = 0, name: str = "kfit.b
     Raises:
         RuntimeError: this worker's variables do not match the root's in total size.
     """
-    values = [np.ascontiguousarray(keras.ops.convert_to_numpy(v.value)) for v in variables]
+    values = [np.asarray(keras.ops.convert_to_numpy(v.value)) for v in variables]
     expected = sum(v.nbytes for v in values)
     payload = b"".join(v.tobytes() for v in values)
     received = _horovod.broadcast_bytes(payload, root_rank, name)
@@ -48,7 +54,7 @@ def broadcast_variables(variables: list, root_rank: int = 0, name: str = "kfit.b
     for variable, value in zip(variables, values):
         data = np.frombuffer(received, dtype=value.dtype, count=value.size, offset=offset).reshape(value.shape)
         offset += value.nbytes
-        if not np.array_equal(data.view(np.uint8), value.view(np.uint8)):
+        if data.tobytes() != value.tobytes():
             variable.assign(data.copy())
 
 

@@ -1,0 +1,114 @@
+"""What the horovodrun scripts and tests/test_distributed.py share: threads, data, models, references.
+
+Imported by the workers (before any backend) and by the test process, so that the single-process
+references are computed from exactly the same data, models and initial weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+for _name, _value in (
+    ("OMP_NUM_THREADS", "1"),
+    ("TF_NUM_INTRAOP_THREADS", "1"),
+    ("TF_NUM_INTEROP_THREADS", "1"),
+    ("TF_CPP_MIN_LOG_LEVEL", "2"),
+    ("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"),
+):
+    os.environ.setdefault(_name, _value)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+if keras.backend.backend() == "torch":
+    import torch
+
+    torch.set_num_threads(1)
+
+FEATURES, OUTPUTS = 5, 2
+
+# Scenario "fit": kfit.fit data-parallel. The global minibatch is 15 (shares 8 and 7) for the first 150
+# samples, then 22 (11 and 11); epochs of 120 samples over 100 training samples, so minibatches span sweeps
+# and epoch ends cut them (one global minibatch of 2: shares 1 and 1).
+FIT = dict(num_samples=100, epoch_size=120, max_samples=300, sizes=[15, 22], size_epoch=150, seed=3, lr=0.05, momentum=0.9)
+# Scenario "model_fit": plain model.fit with Horovod's API; each worker holds 32 samples, minibatches of 8.
+MODEL_FIT = dict(per_worker=32, batch_size=8, epochs=3, lr=0.05, warmup_epochs=2, val_sizes=(20, 12))
+# Scenario "resume": kfit.fit with checkpoints every 40 samples; the killed job dies after step KILL_STEP.
+RESUME = dict(num_samples=120, minibatch_size=10, max_samples=200, frequency=40, kill_step=6, seed=5, lr=0.05, momentum=0.9)
+
+
+def data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, FEATURES)).astype("float32")
+    w = rng.normal(size=(FEATURES, OUTPUTS)).astype("float32")
+    y = np.tanh(x @ w).astype("float32") + 0.1 * rng.normal(size=(n, OUTPUTS)).astype("float32")
+    return x, y
+
+
+def model(init_seed: int) -> keras.Model:
+    """A small MLP whose initial weights come from NumPy's ``init_seed`` (independent of Keras's RNG)."""
+    net = keras.Sequential(
+        [keras.Input((FEATURES,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(OUTPUTS)]
+    )
+    rng = np.random.default_rng(1000 + init_seed)
+    net.set_weights([(0.5 * rng.normal(size=w.shape)).astype("float32") for w in net.get_weights()])
+    return net
+
+
+def fit_model(init_seed: int) -> keras.Model:
+    import kfit
+
+    net = model(init_seed)
+    net.compile(
+        optimizer=kfit.optimizers.MomentumSGD(FIT["lr"], momentum=FIT["momentum"]), loss="mse", metrics=["mae"]
+    )
+    return net
+
+
+def fit_kwargs() -> dict:
+    import kfit
+
+    return dict(
+        minibatch_size=kfit.schedules.minibatch_size(FIT["sizes"], epoch_size=FIT["size_epoch"]),
+        epoch_size=FIT["epoch_size"],
+        max_samples=FIT["max_samples"],
+        seed=FIT["seed"],
+        verbose=0,
+    )
+
+
+def resume_model() -> keras.Model:
+    import kfit
+
+    net = model(7)
+    net.compile(optimizer=kfit.optimizers.MomentumSGD(RESUME["lr"], momentum=RESUME["momentum"]), loss="mse")
+    return net
+
+
+def warmup_lr(epoch: int, batch: int, size: int) -> float | None:
+    """Horovod's warm-up rate before step ``batch`` of ``epoch`` (None: left alone after the warm-up)."""
+    m = MODEL_FIT
+    if epoch >= m["warmup_epochs"]:
+        return None
+    steps = m["per_worker"] // m["batch_size"]
+    progress = (epoch + (batch + 1) / steps) / m["warmup_epochs"]
+    initial_lr = m["lr"] * size
+    return initial_lr / size * (1 + (size - 1) * progress)
+
+
+def weights(net: keras.Model) -> list[np.ndarray]:
+    return [np.asarray(keras.ops.convert_to_numpy(v.value)) for v in net.weights]
+
+
+def save(path: str, arrays: dict, info: dict) -> None:
+    np.savez(path + ".npz", **arrays)
+    with open(path + ".json", "w") as f:
+        json.dump(info, f)
+
+
+def load(path: str) -> tuple[dict, dict]:
+    with np.load(path + ".npz") as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    with open(path + ".json") as f:
+        return arrays, json.load(f)

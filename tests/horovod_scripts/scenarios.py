@@ -1,0 +1,242 @@
+"""The main horovodrun job of tests/test_distributed.py: several scenarios in one run of two workers.
+
+    horovodrun --gloo -np 2 -H localhost:2 python tests/horovod_scripts/scenarios.py OUT_DIR
+
+Each worker writes ``OUT_DIR/<scenario>.rank<r>.{npz,json}``; the test checks them. Scenarios:
+
+* ``fit``: kfit.fit data-parallel from different initial weights per worker (broadcast), uneven shares,
+  a minibatch-size schedule, minibatches spanning sweeps; records what each worker read.
+* ``stop``: a user's stop on rank 0 only, and a cross-validation stop decided on rank 0 only.
+* ``model_fit``: plain model.fit with DistributedOptimizer and Horovod's callbacks (broadcast, metric
+  averaging weighted by samples, learning-rate warm-up).
+* ``resume``: kfit.fit resumed from the checkpoint of the job that killed.py killed, and the same run
+  uninterrupted.
+* ``example``: ``examples/horovod_mnist.py --small``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402  (sets one thread per worker before the backend loads)
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import kfit  # noqa: E402
+import kfit.distributed as hvd  # noqa: E402
+from kfit import _backend  # noqa: E402
+from kfit.data._stream import SampleStream, share  # noqa: E402
+
+OUT = sys.argv[1]
+hvd.init()
+RANK, SIZE = hvd.rank(), hvd.size()
+
+
+def out(name: str) -> str:
+    return os.path.join(OUT, f"{name}.rank{RANK}")
+
+
+def optimizer_arrays(net: keras.Model) -> dict:
+    return {f"opt{i}": np.asarray(keras.ops.convert_to_numpy(v.value)) for i, v in enumerate(net.optimizer.variables)}
+
+
+# -- fit ---------------------------------------------------------------------------------------------
+class RecordReads:
+    """Records the positions and samples this worker's stream reads once training has begun."""
+
+    def __init__(self):
+        self.reads: list = []
+        self.on = False
+        self.lock = threading.Lock()
+        original = SampleStream.read
+        recorder = self
+
+        def read(stream, start, size):
+            batch = original(stream, start, size)
+            if recorder.on:
+                lo, hi = share(start, size, stream.rank, stream.num_workers)
+                with recorder.lock:
+                    recorder.reads.append((start, size, lo, hi, stream.indices(lo, hi)))
+            return batch
+
+        SampleStream.read = read
+
+
+class StartRecording(keras.callbacks.Callback):
+    def __init__(self, recorder):
+        super().__init__()
+        self.recorder = recorder
+
+    def on_train_begin(self, logs=None):
+        self.recorder.on = True
+
+
+def scenario_fit() -> None:
+    x, y = common.data(common.FIT["num_samples"])
+    net = common.fit_model(init_seed=RANK)  # a different initial model on each worker
+    if RANK == 1:
+        net.optimizer.iterations.assign(7)  # and optimizer state (a scalar)
+    initial = common.weights(net)
+    recorder = RecordReads()
+    history = kfit.fit(net, x, y, callbacks=[StartRecording(recorder)], **common.fit_kwargs())
+    recorder.on = False
+    reads = sorted(recorder.reads)
+    arrays = {f"w{i}": w for i, w in enumerate(common.weights(net))}
+    arrays.update({f"init{i}": w for i, w in enumerate(initial)})
+    arrays.update(optimizer_arrays(net))
+    arrays["read_positions"] = np.array([r[:4] for r in reads], dtype=np.int64)
+    arrays["read_indices"] = np.concatenate([r[4] for r in reads]).astype(np.int64)
+    info = {
+        "history": history.history,
+        "samples": kfit.get_clock(net).samples if kfit.get_clock(net) else None,
+        "summaries": [s.samples for s in history.epoch_summaries],
+    }
+    common.save(out("fit"), arrays, info)
+
+
+# -- stop --------------------------------------------------------------------------------------------
+class StopOnRankZero(keras.callbacks.Callback):
+    def __init__(self, at_step: int):
+        super().__init__()
+        self.at_step = at_step
+        self.steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+        if RANK == 0 and self.steps == self.at_step:
+            self.model.stop_training = True
+
+
+def scenario_stop() -> None:
+    x, y = common.data(60, seed=6)
+    info: dict = {}
+    net = common.fit_model(init_seed=0)
+    stopper = StopOnRankZero(at_step=4)
+    kfit.fit(net, x, y, minibatch_size=10, epochs=5, seed=1, verbose=0, callbacks=[stopper])
+    info["user_stop"] = {"samples": kfit.get_clock(net).samples, "steps": stopper.steps}
+
+    try:
+        cross_validation = kfit.callbacks.CrossValidation
+    except (AttributeError, ImportError) as error:
+        info["cv_stop"] = {"unavailable": repr(error)}
+    else:
+        # Each worker validates on its own data; only rank 0's decides to stop, at the third evaluation.
+        xv, yv = common.data(20, seed=20 + RANK)
+        calls = []
+
+        def steer(index, average_error, num_samples, num_minibatches):
+            calls.append(index)
+            return not (RANK == 0 and index == 2)
+
+        net = common.fit_model(init_seed=0)
+        cv = cross_validation((xv, yv), frequency=20, minibatch_size=10, callback=steer)
+        kfit.fit(net, x, y, minibatch_size=10, epochs=5, seed=1, verbose=0, callbacks=[cv])
+        info["cv_stop"] = {"samples": kfit.get_clock(net).samples, "calls": calls}
+    common.save(out("stop"), {}, info)
+
+
+# -- model_fit ---------------------------------------------------------------------------------------
+class Logs(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epochs: list = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append({k: float(v) for k, v in (logs or {}).items()})
+
+
+class LearningRates(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.values: list = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        variable = kfit.optimizers.hyperparameter_variable(self._model.optimizer, "learning_rate")
+        self.values.append(float(_backend.read_variable(self._model, variable)))
+
+
+def scenario_model_fit() -> None:
+    m = common.MODEL_FIT
+    x, y = common.data(SIZE * m["per_worker"], seed=1)
+    mine = slice(RANK * m["per_worker"], (RANK + 1) * m["per_worker"])
+    xv, yv = common.data(sum(m["val_sizes"]), seed=2)
+    lo = sum(m["val_sizes"][:RANK])
+    val = (xv[lo : lo + m["val_sizes"][RANK]], yv[lo : lo + m["val_sizes"][RANK]])
+    net = common.model(init_seed=10 + RANK)
+    initial = common.weights(net)
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=m["lr"]))
+    net.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
+    local, averaged, rates = Logs(), Logs(), LearningRates()
+    callbacks = [
+        hvd.BroadcastGlobalVariablesCallback(0),
+        local,
+        hvd.MetricAverageCallback(),
+        averaged,
+        hvd.LearningRateWarmupCallback(initial_lr=m["lr"] * hvd.size(), warmup_epochs=m["warmup_epochs"], verbose=0),
+        rates,
+    ]
+    net.fit(x[mine], y[mine], batch_size=m["batch_size"], epochs=m["epochs"], shuffle=False, validation_data=val,
+            verbose=0, callbacks=callbacks)
+    arrays = {f"w{i}": w for i, w in enumerate(common.weights(net))}
+    arrays.update({f"init{i}": w for i, w in enumerate(initial)})
+    common.save(out("model_fit"), arrays, {"local": local.epochs, "averaged": averaged.epochs, "lr": rates.values})
+
+
+# -- resume ------------------------------------------------------------------------------------------
+def run_resume(path: str) -> tuple[keras.Model, object]:
+    r = common.RESUME
+    x, y = common.data(r["num_samples"], seed=4)
+    net = common.resume_model()
+    checkpoint = kfit.callbacks.Checkpoint(path, frequency=r["frequency"], restore=True, async_write=False)
+    kfit.fit(net, x, y, minibatch_size=r["minibatch_size"], max_samples=r["max_samples"], seed=r["seed"], verbose=0,
+             callbacks=[checkpoint])
+    return net, checkpoint
+
+
+def scenario_resume() -> None:
+    try:
+        kfit.callbacks.Checkpoint  # noqa: B018
+    except (AttributeError, ImportError) as error:
+        common.save(out("resume"), {}, {"unavailable": repr(error)})
+        return
+    resumed, checkpoint = run_resume(os.path.join(OUT, "resume", "model.ckpt"))
+    fresh, _ = run_resume(os.path.join(OUT, "fresh", "model.ckpt"))
+    arrays = {f"resumed_w{i}": w for i, w in enumerate(common.weights(resumed))}
+    arrays.update({f"resumed_{k}": v for k, v in optimizer_arrays(resumed).items()})
+    arrays.update({f"fresh_w{i}": w for i, w in enumerate(common.weights(fresh))})
+    arrays.update({f"fresh_{k}": v for k, v in optimizer_arrays(fresh).items()})
+    info = {
+        "restored_samples": getattr(checkpoint.restored_from, "samples", None),
+        "samples": [kfit.get_clock(resumed).samples, kfit.get_clock(fresh).samples],
+    }
+    common.save(out("resume"), arrays, info)
+
+
+# -- example -----------------------------------------------------------------------------------------
+def scenario_example() -> None:
+    """examples/horovod_mnist.py --small, in this job (its imports are done): what CI runs of the example."""
+    import contextlib
+    import importlib.util
+    import io
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "horovod_mnist.py")
+    spec = importlib.util.spec_from_file_location("horovod_mnist", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    argv, sys.argv = sys.argv, [path, "--small"]
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            example.main()
+    finally:
+        sys.argv = argv
+    common.save(out("example"), {}, {"stdout": printed.getvalue()})
+
+
+for scenario in sys.argv[2:] or ["fit", "stop", "model_fit", "resume", "example"]:
+    globals()[f"scenario_{scenario}"]()
+print(f"rank {RANK}: done", flush=True)

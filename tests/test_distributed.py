@@ -1,0 +1,385 @@
+"""kfit.distributed: Horovod data-parallel training on the current backend, and its single-worker fallbacks.
+
+The ``horovod`` tests launch two jobs with ``horovodrun --gloo -np 2 -H localhost:2`` (the backend of this
+pytest run, one thread per worker): ``killed.py``, whose rank 1 is SIGKILLed after a checkpoint, then
+``scenarios.py``, which runs every other scenario in one job and resumes the killed run. The tests check
+what the workers wrote against single-process references computed here from the same data and weights.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+from conftest import BACKEND
+
+import kfit
+import kfit.distributed as hvd
+
+SCRIPTS = Path(__file__).parent / "horovod_scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import common  # noqa: E402
+
+INSTALL = "Horovod is not installed: run `bash scripts/install_horovod.sh` (CI installs it before the tests)."
+JOB_TIMEOUT = 300
+KILL_BOUND_SECONDS = 20.0
+
+
+# -- running the jobs ----------------------------------------------------------------------------------
+def _horovodrun() -> str:
+    # Looked up without importing Horovod into this process (a test checks that kfit does not import it).
+    spec = importlib.util.find_spec("horovod")
+    plugin = "tensorflow" if BACKEND == "tensorflow" else "torch"
+    if spec is None or not any(Path(p, plugin).glob("mpi_lib*.so") for p in spec.submodule_search_locations or []):
+        pytest.fail(f"{INSTALL} (missing horovod.{plugin} with its compiled library)", pytrace=False)
+    for candidate in (Path(sys.executable).parent / "horovodrun", shutil.which("horovodrun")):
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    pytest.fail(f"{INSTALL} (no horovodrun next to {sys.executable} nor on PATH)", pytrace=False)
+
+
+def _run(script: str, out: Path, hosts: list | None = None) -> tuple[int, str, float]:
+    env = dict(os.environ, KERAS_BACKEND=BACKEND, PYTHONUNBUFFERED="1")
+    hosts = hosts or ["-np", "2", "-H", "localhost:2"]
+    command = [_horovodrun(), "--gloo", *hosts, sys.executable, str(SCRIPTS / script), str(out)]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"`{' '.join(command)}` did not end within {JOB_TIMEOUT} s:\n{error.stdout}\n{error.stderr}")
+    return done.returncode, done.stdout + done.stderr, time.time()
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp(f"horovod_{BACKEND}")
+    killed_rc, killed_output, killed_end = _run("killed.py", out)
+    rc, output, _ = _run("scenarios.py", out)
+    if rc != 0:
+        pytest.fail(f"scenarios.py failed under horovodrun (exit {rc}):\n{output[-6000:]}")
+    return {"out": out, "killed": (killed_rc, killed_output, killed_end)}
+
+
+def _results(jobs: dict, scenario: str) -> list[tuple[dict, dict]]:
+    return [common.load(str(jobs["out"] / f"{scenario}.rank{r}")) for r in (0, 1)]
+
+
+def _listed(arrays: dict, prefix: str) -> list[np.ndarray]:
+    return [arrays[f"{prefix}{i}"] for i in range(sum(1 for k in arrays if k[len(prefix):].isdigit() and k.startswith(prefix)))]
+
+
+# -- data-parallel kfit.fit ------------------------------------------------------------------------------
+@pytest.mark.horovod
+def test_workers_end_identical_and_equal_to_one_process_on_the_same_global_minibatches(jobs):
+    (a0, i0), (a1, i1) = _results(jobs, "fit")
+    # Different initial models on the two workers: training starts from rank 0's (broadcast).
+    assert any(not np.array_equal(w0, w1) for w0, w1 in zip(_listed(a0, "init"), _listed(a1, "init")))
+    for key in a0:
+        if key.startswith(("w", "opt")):
+            np.testing.assert_array_equal(a0[key], a1[key], err_msg=key)
+    x, y = common.data(common.FIT["num_samples"])
+    reference = common.fit_model(init_seed=0)
+    history = kfit.fit(reference, x, y, **common.fit_kwargs())
+    for i, w in enumerate(common.weights(reference)):
+        np.testing.assert_allclose(a0[f"w{i}"], w, atol=1e-5, rtol=0)
+    for i, v in enumerate(reference.optimizer.variables):
+        np.testing.assert_allclose(a0[f"opt{i}"], keras.ops.convert_to_numpy(v.value), atol=1e-5, rtol=0)
+    assert i0["samples"] == i1["samples"] == common.FIT["max_samples"]
+    # Epoch metrics averaged over the workers, weighted by their samples: the single process's values.
+    for key in ("loss", "mae"):
+        assert i0["history"][key] == i1["history"][key]
+        np.testing.assert_allclose(i0["history"][key], history.history[key], rtol=1e-5, atol=1e-6)
+    assert i0["summaries"] == [s.samples for s in history.epoch_summaries]
+
+
+@pytest.mark.horovod
+def test_the_workers_shares_cover_every_sweep_exactly_once(jobs):
+    (a0, _), (a1, _) = _results(jobs, "fit")
+    positions = np.concatenate([a0["read_positions"], a1["read_positions"]])
+    indices = np.concatenate([a0["read_indices"], a1["read_indices"]])
+    covered = np.concatenate([np.arange(lo, hi) for _, _, lo, hi in positions])
+    order = np.argsort(covered, kind="stable")
+    covered, indices = covered[order], indices[order]
+    total, n = common.FIT["max_samples"], common.FIT["num_samples"]
+    np.testing.assert_array_equal(covered, np.arange(total))  # no position read twice, none skipped
+    for sweep in range(total // n):
+        assert sorted(indices[sweep * n : (sweep + 1) * n].tolist()) == list(range(n))
+    # Each global minibatch was split between the two workers, with shares differing by at most one.
+    starts = {}
+    for start, size, lo, hi in positions:
+        starts.setdefault((start, size), []).append(hi - lo)
+    assert all(len(shares) == 2 and sum(shares) == size and max(shares) - min(shares) <= 1 for (_, size), shares in starts.items())
+    assert {size for _, size in starts} >= {15, 22, 2}
+
+
+@pytest.mark.horovod
+def test_a_stop_on_rank_zero_ends_both_workers_after_the_same_step(jobs):
+    (_, i0), (_, i1) = _results(jobs, "stop")
+    assert i0["user_stop"]["samples"] == i1["user_stop"]["samples"] == 40
+    assert i0["user_stop"]["steps"] == i1["user_stop"]["steps"] == 4
+
+
+@pytest.mark.horovod
+def test_a_cross_validation_stop_decided_on_rank_zero_ends_both_workers(jobs):
+    (_, i0), (_, i1) = _results(jobs, "stop")
+    if "unavailable" in i0["cv_stop"]:
+        pytest.fail(f"kfit.callbacks.CrossValidation is not available: {i0['cv_stop']['unavailable']}")
+    # Evaluations every 20 samples; rank 0's callback stops at the third (after 60 samples); rank 1's never.
+    assert i0["cv_stop"]["samples"] == i1["cv_stop"]["samples"] == 60
+    assert i0["cv_stop"]["calls"] == i1["cv_stop"]["calls"] == [0, 1, 2]
+
+
+# -- plain model.fit with Horovod's API ------------------------------------------------------------------
+@pytest.mark.horovod
+def test_model_fit_with_distributed_optimizer_broadcast_and_warmup_equals_one_process(jobs):
+    (a0, i0), (a1, i1) = _results(jobs, "model_fit")
+    m = common.MODEL_FIT
+    assert any(not np.array_equal(w0, w1) for w0, w1 in zip(_listed(a0, "init"), _listed(a1, "init")))
+    for i in range(len(_listed(a0, "w"))):
+        np.testing.assert_array_equal(a0[f"w{i}"], a1[f"w{i}"])
+    # The learning rate of every step: Horovod's warm-up from lr to lr * size over warmup_epochs.
+    steps = m["per_worker"] // m["batch_size"]
+    expected, lr = [], m["lr"]
+    for epoch in range(m["epochs"]):
+        for batch in range(steps):
+            scheduled = common.warmup_lr(epoch, batch, 2)
+            lr = lr if scheduled is None else scheduled
+            expected.append(lr)
+    np.testing.assert_allclose(i0["lr"], expected, rtol=1e-6)
+    assert i0["lr"] == i1["lr"]
+    # One process on the global minibatches (the two workers' minibatches side by side) at those rates.
+    x, y = common.data(2 * m["per_worker"], seed=1)
+    reference = common.model(init_seed=10)
+    reference.compile(optimizer=keras.optimizers.SGD(learning_rate=m["lr"]), loss="mse")
+    step = 0
+    for _ in range(m["epochs"]):
+        for batch in range(steps):
+            rows = np.concatenate([np.arange(r * m["per_worker"], (r + 1) * m["per_worker"])[batch * m["batch_size"]:(batch + 1) * m["batch_size"]] for r in (0, 1)])
+            reference.optimizer.learning_rate.assign(expected[step])
+            reference.train_on_batch(x[rows], y[rows])
+            step += 1
+    for i, w in enumerate(common.weights(reference)):
+        np.testing.assert_allclose(a0[f"w{i}"], w, atol=1e-5, rtol=0)
+
+
+@pytest.mark.horovod
+def test_metric_average_callback_weights_each_worker_by_its_samples(jobs):
+    (_, i0), (_, i1) = _results(jobs, "model_fit")
+    m = common.MODEL_FIT
+    assert i0["averaged"] == i1["averaged"]
+    for epoch, averaged in enumerate(i0["averaged"]):
+        local = (i0["local"][epoch], i1["local"][epoch])
+        assert local[0]["loss"] != local[1]["loss"]  # the workers' own values differ
+        for key in ("loss", "mae"):  # 32 training samples on each worker
+            assert averaged[key] == pytest.approx((local[0][key] + local[1][key]) / 2, rel=1e-9)
+        for key in ("val_loss", "val_mae"):  # 20 and 12 validation samples
+            n0, n1 = m["val_sizes"]
+            assert averaged[key] == pytest.approx((n0 * local[0][key] + n1 * local[1][key]) / (n0 + n1), rel=1e-9)
+
+
+@pytest.mark.horovod
+def test_the_horovod_example_trains_on_two_workers(jobs):
+    (_, i0), (_, i1) = _results(jobs, "example")
+    assert i1["stdout"].strip() == ""  # only rank 0 prints
+    line = i0["stdout"].strip().splitlines()[-1]
+    assert line.startswith(f"2 worker(s), backend {BACKEND}: final training loss"), i0["stdout"]
+    assert float(line.rsplit("test accuracy", 1)[1]) > 0.5
+
+
+# -- failures and resumption -----------------------------------------------------------------------------
+@pytest.mark.horovod
+def test_a_killed_worker_ends_the_job_promptly_with_a_clear_message(jobs):
+    rc, output, ended = jobs["killed"]
+    killed_at = jobs["out"] / "killed_at"
+    assert killed_at.exists(), f"rank 1 never reached its kill step:\n{output[-4000:]}"
+    assert rc != 0
+    assert ended - float(killed_at.read_text()) < KILL_BOUND_SECONDS
+    assert "exited with non-zero status" in output and "Exit code: 137" in output
+    assert "finished without being killed" not in output
+
+
+@pytest.mark.horovod
+def test_kill_and_resume_ends_bit_identical_to_an_uninterrupted_run(jobs):
+    (a0, i0), (a1, i1) = _results(jobs, "resume")
+    if "unavailable" in i0:
+        pytest.skip(f"kfit.callbacks.Checkpoint is not available yet: {i0['unavailable']}")
+    r = common.RESUME
+    assert i0["restored_samples"] == r["frequency"]  # the last checkpoint before the kill
+    assert i0["samples"] == i1["samples"] == [r["max_samples"], r["max_samples"]]
+    for key in a0:
+        if key.startswith("resumed_"):
+            np.testing.assert_array_equal(a0[key], a0["fresh_" + key[len("resumed_"):]], err_msg=key)
+            np.testing.assert_array_equal(a0[key], a1[key], err_msg=key)
+
+
+# -- elastic mode ---------------------------------------------------------------------------------------
+@pytest.mark.horovod
+def test_elastic_mode_goes_on_after_losing_a_worker_and_takes_a_new_one(tmp_path):
+    discover = tmp_path / "discover.sh"
+    discover.write_text("#!/bin/sh\necho localhost:1\necho 127.0.0.1:1\n")
+    discover.chmod(0o755)
+    elastic = ["-np", "2", "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "1", "2",
+               "--host-discovery-script", str(discover)]
+    rc, output, _ = _run("elastic.py", tmp_path, hosts=elastic)
+    assert rc == 0, output[-6000:]
+    assert (tmp_path / "killed").exists()
+    finished = [common.load(str(path)[: -len(".json")]) for path in sorted(tmp_path.glob("elastic.*.json"))]
+    assert len(finished) == 2, output[-6000:]  # the survivor and the new worker; the killed one never finishes
+    survivor = next(f for f in finished if len(f[1]["runs"]) == 3)
+    newcomer = next(f for f in finished if len(f[1]["runs"]) == 1)
+    # Two workers until the kill after 100 samples; then one, from the commit at 80 (its first step ends at
+    # 90); then two again from a later commit, where the new worker starts too.
+    assert [run["size"] for run in survivor[1]["runs"]] == [2, 1, 2]
+    assert survivor[1]["runs"][1]["first_step_end"] == 90
+    joined = survivor[1]["runs"][2]["first_step_end"]
+    assert newcomer[1]["runs"] == [{"size": 2, "first_step_end": joined}]
+    assert (joined - 10) % 40 == 0 and survivor[1]["resets"] == 2
+    assert survivor[1]["samples"] == newcomer[1]["samples"] == 1200
+    for key in survivor[0]:
+        np.testing.assert_array_equal(survivor[0][key], newcomer[0][key])
+    x, y = common.data(120, seed=4)
+    reference = common.resume_model()
+    kfit.fit(reference, x, y, minibatch_size=10, max_samples=1200, seed=common.RESUME["seed"], verbose=0)
+    for i, w in enumerate(common.weights(reference)):
+        np.testing.assert_allclose(survivor[0][f"w{i}"], w, atol=1e-5, rtol=0)
+
+
+# -- one worker: no Horovod --------------------------------------------------------------------------------
+def test_without_horovodrun_a_script_is_one_worker_and_horovod_is_not_imported():
+    assert not any(k in os.environ for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"))
+    hvd.init()
+    assert (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.is_chief()) == (0, 1, 0, 1, True)
+    assert hvd.any_true(True) is True and hvd.any_true(False) is False
+    x, y = common.data(40)
+    model = common.fit_model(0)
+    hvd.prepare_model(model)
+    hvd.broadcast_training_state(model)
+    kfit.fit(model, x, y, minibatch_size=8, max_samples=40, verbose=0)
+    assert hvd.average_metrics({"loss": 1.5}, model) == {"loss": 1.5}
+    assert not hvd.is_distributed(model.optimizer)
+    assert not any(name == "horovod" or name.startswith("horovod.") for name in sys.modules)
+
+
+def test_distributed_optimizer_trains_one_worker_exactly_like_its_optimizer():
+    x, y = common.data(40)
+    runs = []
+    for distributed in (False, True):
+        model = common.model(0)
+        optimizer = kfit.optimizers.MomentumSGD(0.05, momentum=0.9)
+        if distributed:
+            optimizer = hvd.DistributedOptimizer(optimizer, compression=hvd.Compression.fp16, num_groups=2)
+        model.compile(optimizer=optimizer, loss="mse")
+        model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        runs.append(common.weights(model))
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_distributed_optimizer_keeps_the_class_name_and_config():
+    optimizer = keras.optimizers.Adam(0.01)
+    wrapped = hvd.DistributedOptimizer(optimizer)
+    assert wrapped is optimizer and hvd.is_distributed(wrapped)
+    assert type(wrapped).__name__ == "Adam" and isinstance(wrapped, keras.optimizers.Adam)
+    assert hvd.DistributedOptimizer(wrapped) is wrapped  # wrapping twice changes nothing
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(wrapped))
+    assert type(restored).__name__ == "Adam" and not hvd.is_distributed(restored)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(optimizer="sgd"), "optimizer"),
+        (dict(compression="bf16"), "compression"),
+        (dict(op="max"), "op"),
+        (dict(num_groups=-1), "num_groups"),
+        (dict(name=""), "name"),
+    ],
+)
+def test_distributed_optimizer_refuses_bad_arguments(kwargs, match):
+    arguments = dict(optimizer=keras.optimizers.SGD())
+    arguments.update(kwargs)
+    with pytest.raises((TypeError, ValueError), match=match):
+        hvd.DistributedOptimizer(**arguments)
+
+
+def test_gradient_groups_split_evenly():
+    from kfit.distributed._optimizer import _groups
+
+    assert _groups(list(range(5)), 0) == [[0, 1, 2, 3, 4]]
+    assert _groups(list(range(5)), 2) == [[0, 1, 2], [3, 4]]
+    assert _groups(list(range(2)), 4) == [[0], [1]]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(initial_lr=0.0), "initial_lr"),
+        (dict(initial_lr=0.1, warmup_epochs=-1), "warmup_epochs"),
+        (dict(initial_lr=0.1, steps_per_epoch=0), "steps_per_epoch"),
+        (dict(initial_lr=0.1, warmup_samples=0), "warmup_samples"),
+        (dict(initial_lr=0.1, momentum_correction="yes"), "momentum_correction"),
+    ],
+)
+def test_learning_rate_warmup_refuses_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        hvd.LearningRateWarmupCallback(**kwargs)
+
+
+def test_broadcast_callback_refuses_a_rank_that_does_not_exist():
+    with pytest.raises(ValueError, match="root_rank"):
+        hvd.BroadcastGlobalVariablesCallback(1)
+
+
+class _Rates(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.values = []
+        self.momenta = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        from kfit import _backend
+
+        optimizer = self._model.optimizer
+        self.values.append(float(_backend.read_variable(self._model, optimizer._learning_rate)))
+        self.momenta.append(float(_backend.read_variable(self._model, optimizer.momentum)))
+
+
+def test_warmup_in_samples_follows_the_linear_scaling_rule_with_momentum_correction(monkeypatch):
+    from kfit.distributed import _callbacks
+
+    monkeypatch.setattr(_callbacks, "size", lambda: 4)  # the formula as on 4 workers
+    x, y = common.data(50)
+    model = common.model(0)
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(0.01, momentum=0.9, variant="keras"), loss="mse")
+    warmup = hvd.LearningRateWarmupCallback(initial_lr=0.4, warmup_samples=60)
+    rates = _Rates()
+    kfit.fit(model, x, y, minibatch_size=20, max_samples=120, verbose=0, callbacks=[warmup, rates])
+    # Steps start at 0, 20, 40 (with an epoch of 50: 40 + 10), 50, ...: p = (S + B) / 60, clipped to 1.
+    starts_sizes = [(0, 20), (20, 20), (40, 10), (50, 20), (70, 20), (90, 10), (100, 20)]
+    expected, lr = [], None
+    for start, size in starts_sizes:
+        if start < 60:
+            lr = 0.1 * (1 + 3 * min((start + size) / 60, 1.0))
+        expected.append(lr)
+    np.testing.assert_allclose(rates.values, expected, rtol=1e-6)
+    # Momentum corrected (mu * lr' / lr) in each step where the rate changed, restored after it.
+    previous = [0.01] + expected[:-1]
+    corrected = [0.9 * new / old if new != old else 0.9 for new, old in zip(expected, previous)]
+    np.testing.assert_allclose(rates.momenta, corrected, rtol=1e-6)
+    assert float(keras.ops.convert_to_numpy(model.optimizer.momentum)) == pytest.approx(0.9)
+
+
+def test_warmup_refuses_momentum_correction_it_cannot_apply():
+    x, y = common.data(16)
+    model = common.model(0)
+    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss="mse")
+    with pytest.raises(ValueError, match="momentum_correction=False"):
+        model.fit(x, y, batch_size=8, verbose=0, callbacks=[hvd.LearningRateWarmupCallback(0.02)])
