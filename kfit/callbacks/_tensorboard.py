@@ -77,7 +77,10 @@ class EventFileWriter:
 
     def __init__(self, log_dir: str | os.PathLike):
         os.makedirs(log_dir, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{time.time_ns() % 10**9}.kfit"
+        # TensorBoard reads a folder's event files in name order: seconds then nanoseconds, both zero-padded,
+        # so that a resumed run's file sorts after the file of the run it resumes, even within one second.
+        now = time.time_ns()
+        name = f"events.out.tfevents.{now // 10**9:010d}.{socket.gethostname()}.{os.getpid()}.{now % 10**9:09d}.kfit"
         self.path = os.path.join(os.fspath(log_dir), name)
         self._file = open(self.path, "ab")
         self._write(b"\x09" + struct.pack("<d", time.time()) + _field(3, b"brain.Event:2"))
