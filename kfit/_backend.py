@@ -85,6 +85,7 @@ class StepRunner:
     def __init__(self, model: Any):
         self.model = model
         self._state = None
+        self._positions: dict[int, tuple[int, int] | None] = {}
         if BACKEND == "jax":
             object.__setattr__(model, RUNNER_ATTRIBUTE, self)
 
@@ -92,13 +93,13 @@ class StepRunner:
         """Where ``variable`` sits in the held JAX state: (group, index), or None."""
         if self._state is None or self.model._jax_state_synced:
             return None
-        groups = (self.model.trainable_variables, self.model.non_trainable_variables,
-                  self.model.optimizer.variables, self.model.metrics_variables)
-        for g, variables in ((2, groups[2]), (1, groups[1]), (0, groups[0]), (3, groups[3])):
-            index = _variable_index(variables, variable)
-            if index is not None:
-                return g, index
-        return None
+        key = id(variable)
+        if key not in self._positions:  # found once per variable, not at every step
+            groups = (self.model.trainable_variables, self.model.non_trainable_variables,
+                      self.model.optimizer.variables, self.model.metrics_variables)
+            self._positions[key] = next(
+                ((g, index) for g in (2, 1, 0, 3) if (index := _variable_index(groups[g], variable)) is not None), None)
+        return self._positions[key]
 
     def patch(self, variable: Any, value: Any) -> bool:
         """Writes ``value`` into the held state (JAX); False when the variables are current instead."""
@@ -150,10 +151,9 @@ class StepRunner:
                     metrics_variables=True,
                     purge_model_variables=True,
                 )
-                self._state = tuple(list(group) for group in self._state)
                 model._jax_state_synced = False
-            logs, state = model.train_function(self._state, iter([batch]))
-            self._state = tuple(list(group) for group in state)
+            # The state is a tuple of four lists (fresh from the jitted step): patch() writes into them.
+            logs, self._state = model.train_function(self._state, iter([batch]))
             trainable, non_trainable, optimizer_vars, metrics_vars = self._state
             model._jax_state = {
                 "trainable_variables": trainable,

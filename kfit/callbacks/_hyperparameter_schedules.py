@@ -61,13 +61,15 @@ class _HyperparameterSchedule(KfitCallback):
         schedule, s0, m0 = self.active_schedule(samples)
         return schedule.value(samples - s0, minibatches - m0)
 
-    def for_minibatch(self, clock: Clock) -> float:
-        schedule, s0, m0 = self.active_schedule(clock.samples)
-        return float(schedule.for_minibatch(clock.samples - s0, clock.minibatches - m0, clock.minibatch_size))
-
     def reset(self, values: Any) -> None:
-        """Replaces the schedule from the current clock reading on (the new schedule counts from here)."""
-        schedule = self._coerce(values, "values")
+        """Replaces the schedule from the current clock reading on (the new schedule counts from here).
+
+        Args:
+            values: a schedule of this kind, or values/a list in the unit of the current schedule.
+        """
+        from kfit import schedules
+
+        schedule = values if isinstance(values, schedules.HyperparameterSchedule) else self.schedule.with_schedule(values)
         if schedule.kind != self.schedule.kind:
             raise ValueError(f"Invalid value for argument `values`: expected a {self.schedule.kind} schedule. Received: {schedule!r}")
         clock = self.clock
@@ -87,12 +89,13 @@ class _HyperparameterSchedule(KfitCallback):
     def on_step_begin(self, clock: Clock) -> None:
         if clock.minibatch_size is None:
             raise RuntimeError(f"{type(self).__name__}: the clock does not know the size of the next minibatch.")
-        value = self.for_minibatch(clock)
+        schedule, s0, m0 = self.active_schedule(clock.samples)
+        samples, minibatches = clock.samples - s0, clock.minibatches - m0
+        value = float(schedule.for_minibatch(samples, minibatches, clock.minibatch_size))
         if value != self._applied:
             _backend.set_variable(self._model, self._variable, value)
             self._applied = value
-        schedule, s0, m0 = self.active_schedule(clock.samples)
-        scheduled = float(schedule.value(clock.samples - s0, clock.minibatches - m0))
+        scheduled = float(schedule.value(samples, minibatches))
         if (value, scheduled) != self._published:
             # Published when either the applied or the scheduled value changes (a per-sample rate can
             # halve exactly when the minibatch doubles, leaving the applied rate unchanged).
@@ -165,10 +168,6 @@ class LearningRateSchedule(_HyperparameterSchedule):
         Args:
             values: a learning-rate schedule, or a value/list in the unit of the current schedule.
         """
-        from kfit import schedules
-
-        if not isinstance(values, schedules.HyperparameterSchedule):
-            values = self.schedule.with_schedule(values)
         self.reset(values)
 
 
@@ -207,8 +206,4 @@ class MomentumSchedule(_HyperparameterSchedule):
 
     def reset_momentum(self, values: Any) -> None:
         """Sets a new momentum schedule from now on."""
-        from kfit import schedules
-
-        if not isinstance(values, schedules.HyperparameterSchedule):
-            values = self.schedule.with_schedule(values)
         self.reset(values)

@@ -13,7 +13,7 @@ one more), so each sweep's samples are seen exactly once over all workers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -235,6 +235,3 @@ def is_streamable(x: Any) -> bool:
     leaves = [leaf for leaf in flatten(x) if leaf is not None]
     return bool(leaves) and all(_is_array_like(leaf) for leaf in leaves)
 
-
-def as_sequence(value: Any) -> Sequence:
-    return value if isinstance(value, (list, tuple)) else [value]

@@ -451,8 +451,8 @@ class _StreamFit:
             step = 0
             logs: dict = {}
             while clock.samples < epoch_end:
+                # (stream.read checks the size on the reader thread; the prefetcher raises its errors here)
                 size = _plan.next_minibatch(clock.samples, clock.minibatches, self.size_at, self.epoch_size, self.stop_at)
-                self.stream.check_minibatch_size(size)
                 clock.minibatch_size = size
                 apply_minibatch_size(model, size, applied_size)
                 applied_size = size
