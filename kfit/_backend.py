@@ -2,15 +2,18 @@
 
 The rest of kfit speaks public Keras API and ``keras.ops``. What cannot be said that way lives here:
 
-* running one compiled training step on a batch, the way ``model.fit`` does, keeping metric state
-  across steps (``train_on_batch`` resets metrics at every call);
-* on JAX, the fit loop holds the model's state outside the Keras variables; a hyperparameter change
+* building a model before ``model.fit`` runs, and telling ``model.fit`` which epoch to start from;
+* Keras's ``DataAdapter`` base class (``model.fit`` trains on kfit's stream through one);
+* on JAX, ``model.fit`` holds the model's state outside the Keras variables; a hyperparameter change
   must reach that state without forcing a full state sync at every step;
 * converting a host (NumPy) batch to the backend's tensors.
 """
 
 from __future__ import annotations
 
+import sys
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -37,141 +40,188 @@ def _variable_index(variables: list, variable: Any) -> int | None:
     return None
 
 
-RUNNER_ATTRIBUTE = "_kfit_runner"
+_GROUPS = ("trainable_variables", "non_trainable_variables", "optimizer_variables", "metrics_variables")
+
+# Writes waiting for the next step of Keras's JAX loop: model -> {id(variable): (group, index, value)}.
+# Kept beside the model (weakly), never on it.
+_pending_writes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _group_variables(model: Any) -> tuple[list, list, list, list]:
+    optimizer = getattr(model, "optimizer", None)
+    return (model.trainable_variables, model.non_trainable_variables,
+            list(optimizer.variables) if optimizer is not None else [], model.metrics_variables)
+
+
+def _position(model: Any, variable: Any) -> tuple[int, int] | None:
+    for group, variables in enumerate(_group_variables(model)):
+        index = _variable_index(variables, variable)
+        if index is not None:
+            return group, index
+    return None
+
+
+def _state_is_held(model: Any) -> bool:
+    """True between two steps of ``model.fit`` on JAX: the state lives outside the Keras variables."""
+    return bool(getattr(model, "_jax_state", None)) and not getattr(model, "_jax_state_synced", True)
+
+
+def hold_writes(model: Any) -> Callable[[], None]:
+    """Lets :func:`set_variable` reach the state Keras's JAX loop hands its next step (no-op off JAX).
+
+    Keras's JAX ``fit`` keeps the training state in a local variable between steps; a callback can only
+    reach it through a full sync. Instead, ``model.train_function`` (built before ``on_train_begin``) is
+    wrapped to write the pending values into the state it receives. Returns the function that unwraps it.
+    ``train_function(state, iterator)`` is a Keras internal, checked against Keras 3.10-3.15.
+    """
+    if BACKEND != "jax" or getattr(model, "train_function", None) is None:
+        return lambda: None
+    original = model.train_function
+    writes = _pending_writes.setdefault(model, {})
+
+    def train_function(state: Any, iterator: Any) -> Any:
+        if writes:
+            import jax.numpy as jnp
+
+            groups = [list(g) for g in state]
+            for group, index, value in writes.values():
+                groups[group][index] = jnp.asarray(value, dtype=groups[group][index].dtype)
+            writes.clear()
+            state = tuple(groups)
+        return original(state, iterator)
+
+    model.train_function = train_function
+
+    def release() -> None:
+        if model.train_function is train_function:
+            model.train_function = original
+        _pending_writes.pop(model, None)
+
+    return release
 
 
 def set_variable(model: Any, variable: Any, value: Any) -> None:
     """Assigns ``value`` to a model or optimizer ``variable`` during training.
 
-    On TensorFlow and PyTorch this is ``variable.assign``. On JAX the fit loop holds the state outside
-    the Keras variables: inside kfit's loop the new value is written into the held state directly (one
-    array, no sync); inside Keras's own ``model.fit`` loop the state is synced into the variables first,
-    and Keras re-reads it before the next step.
+    On TensorFlow and PyTorch this is ``variable.assign``. On JAX, between the steps of ``model.fit``, the
+    state lives outside the Keras variables: the value is handed to the next step (see :func:`hold_writes`);
+    without that hook the state is synced into the variables first, and Keras re-reads it.
     """
-    if BACKEND == "jax":
-        runner = getattr(model, RUNNER_ATTRIBUTE, None)
-        if runner is not None and runner.patch(variable, value):
+    if BACKEND == "jax" and _state_is_held(model):
+        writes = _pending_writes.get(model)
+        where = _position(model, variable) if writes is not None else None
+        if where is not None:
+            writes[id(variable)] = (*where, value)
             return
-        if getattr(model, "_jax_state", None) and not getattr(model, "_jax_state_synced", True):
-            model.jax_state_sync()
+        model.jax_state_sync()
     variable.assign(value)
 
 
 def read_variable(model: Any, variable: Any) -> np.ndarray:
     """Reads a variable's current value during training (see :func:`set_variable`)."""
     if BACKEND == "jax":
-        runner = getattr(model, RUNNER_ATTRIBUTE, None)
-        held = runner.read(variable) if runner is not None else None
-        if held is not None:
-            return held
-        sync_model(model)
+        pending = _pending_writes.get(model, {}).get(id(variable))
+        if pending is not None:
+            return np.asarray(pending[2])
+        if _state_is_held(model):
+            where = _position(model, variable)
+            if where is not None:
+                return np.asarray(model._jax_state[_GROUPS[where[0]]][where[1]])
     return keras.ops.convert_to_numpy(variable.value)
 
 
 def sync_model(model: Any) -> None:
     """Makes the Keras variables hold the latest training state (a no-op off JAX)."""
-    if BACKEND == "jax" and hasattr(model, "jax_state_sync"):
+    if BACKEND == "jax" and getattr(model, "_jax_state", None) and hasattr(model, "jax_state_sync"):
         model.jax_state_sync()
+        writes = _pending_writes.get(model)
+        if writes:  # the variables now hold the state, and the next step reads them
+            groups = _group_variables(model)
+            for group, index, value in writes.values():
+                groups[group][index].assign(value)
+            writes.clear()
 
 
-class StepRunner:
-    """Runs compiled training steps on ``model``, as ``model.fit``'s inner loop does.
+def before_empty_step(model: Any) -> None:
+    """Keras is about to ask for a step whose data has ended (an epoch shorter than declared).
 
-    Metric state accumulates across steps until :meth:`reset_metrics` (the epoch boundary).
-    The compiled function is built once; its number of traces is bounded by the number of
-    distinct batch shapes.
+    Keras's JAX ``fit`` purges the variables before it finds the data ended, then restores them from
+    ``model._jax_state``, which a ``model.evaluate`` inside a callback has set to None: the variables
+    would stay purged. Holding the current values there makes the restore exact. Checked against
+    Keras 3.10-3.15.
     """
+    if BACKEND == "jax" and getattr(model, "_jax_state_synced", True) and not getattr(model, "_jax_state", None):
+        optimizer = getattr(model, "optimizer", None)
+        model._jax_state = {
+            "trainable_variables": [v.value for v in model.trainable_variables],
+            "non_trainable_variables": [v.value for v in model.non_trainable_variables],
+            "optimizer_variables": [v.value for v in optimizer.variables] if optimizer is not None else [],
+            "metrics_variables": [v.value for v in model.metrics_variables],
+        }
 
-    def __init__(self, model: Any):
-        self.model = model
-        self._state = None
-        self._positions: dict[int, tuple[int, int] | None] = {}
-        if BACKEND == "jax":
-            object.__setattr__(model, RUNNER_ATTRIBUTE, self)
 
-    def _held(self, variable: Any) -> tuple[int, int] | None:
-        """Where ``variable`` sits in the held JAX state: (group, index), or None."""
-        if self._state is None or self.model._jax_state_synced:
-            return None
-        key = id(variable)
-        if key not in self._positions:  # found once per variable, not at every step
-            groups = (self.model.trainable_variables, self.model.non_trainable_variables,
-                      self.model.optimizer.variables, self.model.metrics_variables)
-            self._positions[key] = next(
-                ((g, index) for g in (2, 1, 0, 3) if (index := _variable_index(groups[g], variable)) is not None), None)
-        return self._positions[key]
+def build(model: Any, batch: Any) -> None:
+    """Builds the model, its metrics and its optimizer from one batch (as ``model.fit`` would on its first
+    step), so that a checkpoint restored when training begins finds every variable.
 
-    def patch(self, variable: Any, value: Any) -> bool:
-        """Writes ``value`` into the held state (JAX); False when the variables are current instead."""
-        where = self._held(variable)
-        if where is None:
-            return False
-        import jax.numpy as jnp
-
-        g, index = where
-        new = jnp.asarray(value, dtype=self._state[g][index].dtype)
-        self._state[g][index] = new
-        # Keep the copy a callback would sync from (model.jax_state_sync) in step with it.
-        names = ("trainable_variables", "non_trainable_variables", "optimizer_variables", "metrics_variables")
-        shown = getattr(self.model, "_jax_state", None)
-        if shown and shown.get(names[g]) is not None:
-            shown[names[g]][index] = new
-        return True
-
-    def read(self, variable: Any) -> np.ndarray | None:
-        where = self._held(variable)
-        return None if where is None else np.asarray(self._state[where[0]][where[1]])
-
-    def build(self, batch: Any) -> None:
-        """Builds the model, its metrics and its optimizer from one batch, without training on it."""
-        model = self.model
-        if BACKEND == "tensorflow":
-            model._maybe_symbolic_build(data_batch=batch)
-        # On TensorFlow too: Keras would build the compile metrics only when tracing the first step, and a
-        # checkpoint restored at on_train_begin must find their variables (a mid-epoch resume restores them).
+    A model that cannot be built symbolically (a subclassed model with a ``train_step`` and no ``call()``)
+    is left to ``model.fit``, which builds it on its first step as usual. ``Trainer._symbolic_build`` is a
+    Keras internal, checked against Keras 3.10-3.15.
+    """
+    try:
         model._symbolic_build(data_batch=batch)
-        if model.optimizer is not None and not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
-        model.make_train_function()
+    except Exception:  # noqa: BLE001 -- model.fit builds such a model itself, and reports its own errors
+        return
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
 
-    def begin(self) -> None:
-        """Starts (or restarts) a run of steps: the state is read from the Keras variables."""
-        if BACKEND == "jax":
-            self.model._jax_state_synced = True
 
-    def step(self, batch: Any) -> dict:
-        """One training step on ``batch`` (a tuple ``(x, y, sample_weight)`` of tensors)."""
-        model = self.model
-        if BACKEND == "jax":
-            if model._jax_state_synced:
-                self._state = model._get_jax_state(
-                    trainable_variables=True,
-                    non_trainable_variables=True,
-                    optimizer_variables=True,
-                    metrics_variables=True,
-                    purge_model_variables=True,
-                )
-                model._jax_state_synced = False
-            # The state is a tuple of four lists (fresh from the jitted step): patch() writes into them.
-            logs, self._state = model.train_function(self._state, iter([batch]))
-            trainable, non_trainable, optimizer_vars, metrics_vars = self._state
-            model._jax_state = {
-                "trainable_variables": trainable,
-                "non_trainable_variables": non_trainable,
-                "optimizer_variables": optimizer_vars,
-                "metrics_variables": metrics_vars,
-            }
-            return logs
-        return model.train_function([batch])
+def set_initial_epoch(model: Any, epoch: int | None) -> None:
+    """The epoch ``model.fit`` starts from, when set during ``on_train_begin`` (None: the argument's).
 
-    def sync(self) -> None:
-        """Writes the loop's state back into the Keras variables."""
-        sync_model(self.model)
+    Keras reads ``model._initial_epoch`` after ``on_train_begin`` (its ``BackupAndRestore`` sets it the
+    same way). Checked against Keras 3.10-3.15.
+    """
+    model._initial_epoch = epoch
 
-    def end(self) -> None:
-        """Ends the run: variables hold the final state."""
-        self.sync()
-        if BACKEND == "jax":
-            self.model._jax_state = None
-            self._state = None
-            object.__setattr__(self.model, RUNNER_ATTRIBUTE, None)
+
+def keras_data_adapter(x: Any, y: Any, sample_weight: Any, batch_size: Any, steps_per_epoch: Any, shuffle: Any,
+                       class_weight: Any) -> Any:
+    """Keras's own data adapter for ``x`` (``tf.data``, a generator, a torch ``DataLoader``...), as
+    ``model.fit`` would make it. Checked against Keras 3.10-3.15."""
+    from keras.src.trainers.data_adapters import get_data_adapter
+
+    return get_data_adapter(x, y, sample_weight=sample_weight, batch_size=batch_size,
+                            steps_per_epoch=steps_per_epoch, shuffle=shuffle, class_weight=class_weight)
+
+
+def declare_epoch_steps(steps: int) -> None:
+    """Tells the ``EpochIterator`` of the running ``model.fit`` how many steps the epoch beginning now holds.
+
+    Keras reads an adapter's ``num_batches`` once, when ``fit`` starts; kfit's epochs can differ in length
+    (a minibatch-size schedule, the epoch a run resumes in, the last one before ``max_samples``). Called
+    from the adapter's ``on_epoch_begin``, which ``EpochIterator._enumerate_iterator`` calls just before it
+    reads ``_num_batches`` for the epoch. Checked against Keras 3.10-3.15.
+    """
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    frame = sys._getframe(1)
+    for _ in range(4):
+        frame = frame.f_back
+        if frame is None:
+            return
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, EpochIterator):
+            if owner.steps_per_epoch is None:
+                owner._num_batches = max(int(steps), 1)
+            return
+
+
+def data_adapter_base() -> type:
+    """Keras's ``DataAdapter`` base class: ``model.fit`` takes an instance of it as ``x``."""
+    from keras.src.trainers.data_adapters.data_adapter import DataAdapter as base
+
+    return base
+
+
+DataAdapter = data_adapter_base()

@@ -53,7 +53,7 @@ class Recorder(KfitCallback):
     def on_cross_validation_end(self, index, logs):
         self.cross_validations.append((index, dict(logs)))
 
-    def on_test_end(self, logs):
+    def on_final_test_end(self, logs):
         self.tests.append(dict(logs))
 
 
@@ -226,10 +226,21 @@ def test_sample_weights_h5py_and_dict_inputs(tmp_path):
     kfit.fit(multi, {"a": xt[:, :40], "b": xt[:, 40:]}, yt, minibatch_size=50, epoch_size=300, epochs=1,
              callbacks=[cv], verbose=0)
     assert len(cv.results) == 1 and 0.0 <= cv.results[0]["val_average_error"] <= 1.0
-    wrong = CrossValidation(({"a": x[:, :40], "c": x[:, 40:]}, y))
-    with pytest.raises(ValueError, match=r"inputs are \['a', 'b'\], but x has no \['b'\]"):
-        kfit.fit(multi, {"a": xt[:, :40], "b": xt[:, 40:]}, yt, minibatch_size=50, epoch_size=300, epochs=1,
-                 callbacks=[wrong], verbose=0)
+    # Keys that are not the model's inputs: refused, or evaluated, exactly as model.evaluate does.
+    wrong_x = {"a": x[:, :40], "c": x[:, 40:]}
+    try:
+        keras_says = multi.evaluate(wrong_x, y, batch_size=32, verbose=0, return_dict=True)
+    except ValueError as error:
+        keras_says = error
+    wrong = CrossValidation((wrong_x, y), minibatch_size=32)
+    if isinstance(keras_says, ValueError):
+        with pytest.raises(ValueError, match=r"CrossValidation: model.evaluate refuses it: Missing data for input"):
+            kfit.fit(multi, {"a": xt[:, :40], "b": xt[:, 40:]}, yt, minibatch_size=50, epoch_size=300, epochs=1,
+                     callbacks=[wrong], verbose=0)
+    else:
+        wrong.set_model(multi)
+        kfit.clock.attach_clock(multi, kfit.Clock())
+        assert wrong.cross_validate()["val_loss"] == pytest.approx(keras_says["loss"], rel=1e-5)
 
 
 # -- state ---------------------------------------------------------------------------------------------
@@ -341,6 +352,35 @@ def test_data_of_the_wrong_shape_is_refused_before_training(make):
     x, y = digits(*VAL)
     model = classifier()
     callback = make((x.reshape(-1, 8, 8), y))
-    with pytest.raises(ValueError, match=r"takes samples of shape \(64,\), but x holds samples of shape \(8, 8\)"):
+    with pytest.raises(ValueError, match=r"(?s)of (CrossValidation|Test): model.evaluate refuses it: .*shape"):
         kfit.fit(model, *digits(*TRAIN), minibatch_size=50, epoch_size=300, epochs=1, callbacks=[callback], verbose=0)
     assert kfit.get_clock(model).samples == 0
+
+
+def test_evaluation_data_follows_model_evaluate_rules_and_takes_sources():
+    """Anything model.evaluate takes: (N,) arrays for an Input((1,)), tf.data, a PyDataset; the same numbers."""
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    x = np.linspace(-1, 1, 40).astype("float32")  # (N,) for an Input((1,)): Keras adds the axis
+    y = (x > 0).astype("int64")
+    expected = model.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
+    sources = {
+        "arrays": (x, y),
+        "tf.data": tf.data.Dataset.from_tensor_slices((x[:, None], y)).batch(8),
+    }
+    for kind, data in sources.items():
+        cv = CrossValidation(data, minibatch_size=8)
+        cv.set_model(model)
+        kfit.clock.attach_clock(model, kfit.Clock())
+        cv.data.check_model(model)
+        logs = cv.cross_validate()
+        assert logs["val_loss"] == pytest.approx(expected["loss"], rel=1e-5), kind
+        assert (logs["val_samples"], logs["val_minibatches"]) == (40, 5), kind
+    with pytest.raises(TypeError, match="a generator can be evaluated only once, and CrossValidation evaluates"):
+        CrossValidation((b for b in [(x, y)]))
+    test = Test(((x[i:i + 8, None], y[i:i + 8]) for i in range(0, 40, 8)), verbose=0)
+    test.set_model(model)
+    assert test.run()["test_loss"] == pytest.approx(expected["loss"], rel=1e-5)

@@ -144,7 +144,7 @@ class PublishEvaluations(KfitCallback):
             })
 
     def on_train_end(self, logs=None):
-        self.publish("on_test_end", {"test_loss": 0.4, "test_accuracy": 0.9942, "test_samples": 10000.0, "test_minibatches": 313.0})
+        self.publish("on_final_test_end", {"test_loss": 0.4, "test_accuracy": 0.9942, "test_samples": 10000.0, "test_minibatches": 313.0})
 
 
 def test_evaluation_lines(tmp_path):

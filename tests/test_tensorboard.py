@@ -49,7 +49,7 @@ class PublishEvaluations(KfitCallback):
             })
 
     def on_train_end(self, logs=None):
-        self.publish("on_test_end", {"test_loss": 0.25, "test_accuracy": 0.875, "test_samples": 50.0, "test_minibatches": 3.0})
+        self.publish("on_final_test_end", {"test_loss": 0.25, "test_accuracy": 0.875, "test_samples": 50.0, "test_minibatches": 3.0})
 
 
 def test_scalars_against_the_sample_clock(tmp_path):

@@ -101,8 +101,8 @@ class KfitCallback(keras.callbacks.Callback):
     # -- hooks -----------------------------------------------------------------------------------
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         clock = self.clock
-        if clock.driver is not None:
-            clock.driver.batch_begin(clock, batch)
+        if clock.driver is not None and clock.driver.batch_begin(clock, batch) is False:
+            return  # the epoch's data ended: Keras finds no step to run
         self.on_step_begin(clock)
 
     def _dispatch_step_end(self, batch: int, logs: dict | None = None) -> None:
@@ -136,8 +136,9 @@ class KfitCallback(keras.callbacks.Callback):
         """Called when a schedule changes a hyperparameter: ``name`` ("lr", "momentum"), the value the
         optimizer now uses per minibatch, the scheduled value in its own ``unit`` ("per_sample", ...)."""
 
-    def on_test_end(self, logs: dict) -> None:
-        """Called on every kfit callback after the final test evaluation (``test_*`` results)."""
+    def on_final_test_end(self, logs: dict) -> None:
+        """Called on every kfit callback after the final test evaluation (``test_*`` results). (Keras's own
+        ``on_test_end(logs)`` ends every ``model.evaluate``, validation included.)"""
 
     # -- state -----------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:

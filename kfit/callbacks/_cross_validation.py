@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -36,23 +36,46 @@ def _to_host(leaf: Any) -> Any:
     return leaf
 
 
-class EvaluationData:
-    """Evaluation data checked once: ``(x, y)`` or ``(x, y, sample_weight)`` of arrays.
+def _is_source(data: Any) -> bool:
+    """A source that batches by itself: tf.data, a PyDataset, a torch DataLoader, a generator."""
+    if isinstance(data, keras.utils.PyDataset) or hasattr(data, "__next__"):
+        return True
+    module = type(data).__module__
+    return module.startswith(("tensorflow", "torch.utils.data"))
 
-    ``x`` (and ``y``) may be an array, an h5py dataset, or a dict/list/tuple of them (multi-input models);
-    ``y`` may be None for models whose loss needs no targets. Every array holds one row per sample.
+
+class EvaluationData:
+    """Evaluation data checked once: anything ``model.evaluate`` accepts.
+
+    Arrays ``(x, y)`` or ``(x, y, sample_weight)`` (NumPy arrays, h5py datasets, dicts/lists of them for
+    several inputs; ``y`` may be None) are read minibatch by minibatch, so an h5py dataset is never read
+    whole. A source that batches by itself (``tf.data``, a ``keras.utils.PyDataset``, a torch
+    ``DataLoader``, and, for an evaluation that runs once, a generator) is evaluated as it batches.
+    ``model.evaluate`` applies Keras's own rules to the inputs (dict keys, shapes).
 
     Raises:
-        TypeError: ``data`` is not such a tuple, or a leaf is not an array.
+        TypeError: ``data`` is neither.
         ValueError: empty data, or arrays of different lengths.
     """
 
-    def __init__(self, data: Any, owner: str, argument: str = "data"):
+    def __init__(self, data: Any, owner: str, argument: str = "data", reusable: bool = True):
         self.owner, self.argument = owner, argument
+        self.source: Any = None
+        if _is_source(data) and not isinstance(data, (tuple, list)):
+            if reusable and hasattr(data, "__next__"):
+                raise TypeError(
+                    f"Invalid value for argument `{argument}` of {owner}: a generator can be evaluated only once, "
+                    f"and {owner} evaluates its data many times. Give arrays, a tf.data.Dataset, a "
+                    "keras.utils.PyDataset or a torch DataLoader."
+                )
+            self.source, self.x, self.y, self.sample_weight = data, None, None, None
+            self.num_samples = None
+            return
         if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
             raise TypeError(
                 f"Invalid value for argument `{argument}` of {owner}: expected a tuple (x, y) or (x, y, sample_weight) "
-                "of arrays (NumPy arrays, h5py datasets, or dicts/lists of them for several inputs). "
+                "of arrays (NumPy arrays, h5py datasets, or dicts/lists of them for several inputs), or a source "
+                "that batches itself (tf.data.Dataset, keras.utils.PyDataset, torch DataLoader). "
                 f"Received: {argument}={_describe(data)}"
             )
         parts = [self._host(part) for part in data] + [None] * (3 - len(data))
@@ -88,57 +111,34 @@ class EvaluationData:
         return pack(part, [_to_host(leaf) for leaf in flatten(part)])
 
     def check_model(self, model: Any) -> None:
-        """Refuses inputs whose number, names or sample shapes do not fit ``model``'s inputs.
-
-        Models without declared inputs (subclassed models) are not checked.
-        """
+        """Evaluates one minibatch of arrays now, so that data that does not fit the model (by Keras's own
+        rules) is refused when training begins, not at the first evaluation."""
+        if self.source is not None:
+            return
+        n = min(self.num_samples, 32)
+        x, y, sample_weight = (_rows(part, 0, n) for part in (self.x, self.y, self.sample_weight))
         try:
-            inputs = list(model.inputs)
-        except (AttributeError, ValueError, TypeError):
-            return
-        if not inputs:
-            return
-        x = self.x
-        if isinstance(x, Mapping):
-            names = [t.name for t in inputs]
-            missing = [n for n in names if n not in x]
-            if missing:
-                raise ValueError(
-                    f"Invalid value for argument `{self.argument}` of {self.owner}: the model's inputs are "
-                    f"{names}, but x has no {missing}. Received x with keys {sorted(x)}."
-                )
-            pairs = [(t, x[t.name], f"x[{t.name!r}]") for t in inputs]
-        elif isinstance(x, (list, tuple)):
-            if len(x) != len(inputs):
-                raise ValueError(
-                    f"Invalid value for argument `{self.argument}` of {self.owner}: the model has {len(inputs)} "
-                    f"input(s), but x is a list of {len(x)} arrays."
-                )
-            pairs = [(t, leaf, f"x[{i}]") for i, (t, leaf) in enumerate(zip(inputs, x, strict=True))]
-        else:
-            if len(inputs) != 1:
-                raise ValueError(
-                    f"Invalid value for argument `{self.argument}` of {self.owner}: the model has {len(inputs)} "
-                    "inputs; give x as a list or a dict of arrays, one per input."
-                )
-            pairs = [(inputs[0], x, "x")]
-        for tensor, leaf, where in pairs:
-            if not hasattr(leaf, "shape"):
-                continue  # nested structures: left to Keras
-            expected = tuple(tensor.shape)[1:]
-            received = tuple(leaf.shape)[1:]
-            fits = len(expected) == len(received) and all(e is None or e == r for e, r in zip(expected, received, strict=True))
-            if not fits:
-                raise ValueError(
-                    f"Invalid value for argument `{self.argument}` of {self.owner}: the model's input "
-                    f"{tensor.name!r} takes samples of shape {expected}, but {where} holds samples of shape "
-                    f"{received} (an array of shape {tuple(leaf.shape)})."
-                )
+            _keeping_training_state(model, lambda: model.evaluate(x, y, sample_weight=sample_weight, batch_size=n,
+                                                                  verbose=0, return_dict=True))
+        except (ValueError, TypeError, KeyError) as error:
+            raise ValueError(
+                f"Invalid value for argument `{self.argument}` of {self.owner}: model.evaluate refuses it: {error}"
+            ) from error
 
-    def minibatches(self, batch_size: int, max_samples: int | None = None) -> _Minibatches:
-        """The first ``max_samples`` samples (default: all) in minibatches of ``batch_size``."""
+    def minibatches(self, batch_size: int, max_samples: int | None = None) -> Any:
+        """The first ``max_samples`` samples (default: all) in minibatches of ``batch_size``; a source as it
+        batches itself (its first minibatches up to ``max_samples`` samples)."""
+        if self.source is not None:
+            return _SourceBatches(self.source, max_samples)
         count = self.num_samples if max_samples is None else min(self.num_samples, max_samples)
         return _Minibatches(self, count, batch_size)
+
+
+def _rows(part: Any, lo: int, hi: int) -> Any:
+    """Rows ``[lo, hi)`` of every array of ``part`` (read from h5py only now)."""
+    if part is None:
+        return None
+    return pack(part, [None if leaf is None else np.asarray(leaf[lo:hi]) for leaf in flatten(part)])
 
 
 class _Minibatches(keras.utils.PyDataset):
@@ -151,20 +151,42 @@ class _Minibatches(keras.utils.PyDataset):
     def __len__(self) -> int:
         return math.ceil(self.num_samples / self.batch_size)
 
-    def _slice(self, part: Any, lo: int, hi: int) -> Any:
-        if part is None:
-            return None
-        return pack(part, [None if leaf is None else np.asarray(leaf[lo:hi]) for leaf in flatten(part)])
 
     def __getitem__(self, index: int) -> tuple:
         lo = index * self.batch_size
         hi = min(lo + self.batch_size, self.num_samples)
-        x, y, sw = (self._slice(p, lo, hi) for p in (self.data.x, self.data.y, self.data.sample_weight))
+        x, y, sw = (_rows(p, lo, hi) for p in (self.data.x, self.data.y, self.data.sample_weight))
         if isinstance(x, tuple):
             x = list(x)  # Keras reads a tuple inside the batch as (x, y, ...)
         if sw is not None:
             return x, y, sw
         return (x, y) if y is not None else (x,)
+
+
+class _SourceBatches:
+    """A source's minibatches as a generator that counts them (``num_samples`` and ``len`` once read)."""
+
+    def __init__(self, source: Any, max_samples: int | None):
+        self.source, self.max_samples = source, max_samples
+        self.num_samples = 0
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Any:
+        from kfit import _backend
+        from kfit.data._source import batch_size_of
+
+        inner = _backend.keras_data_adapter(self.source, None, None, None, None, False, None)
+        inner.on_epoch_begin()
+        for batch in inner.get_numpy_iterator():
+            if self.max_samples is not None and self.num_samples >= self.max_samples:
+                break
+            self.num_samples += batch_size_of(batch)
+            self.count += 1
+            yield batch if isinstance(batch, tuple) else (batch,)
+        inner.on_epoch_end()
 
 
 def check_minibatch_size(value: Any, owner: str) -> Any:
@@ -224,22 +246,34 @@ def average_error(name: str, value: float) -> float:
     return 1.0 - value if is_accuracy(name) else value
 
 
-def evaluate(model: Any, batches: _Minibatches) -> dict[str, float]:
+def evaluate(model: Any, batches: Any) -> dict[str, Any]:
     """``model.evaluate`` on ``batches``, leaving the training metrics and the training mode as they were.
 
     ``model.evaluate`` resets the metrics that training accumulates over the epoch; their values are put
     back afterwards, so an evaluation in the middle of an epoch does not change the epoch's logs.
     """
-    saved = [np.array(keras.ops.convert_to_numpy(v)) for v in model.metrics_variables]
+    data = iter(batches) if isinstance(batches, _SourceBatches) else batches
+    return _keeping_training_state(model, lambda: model.evaluate(data, verbose=0, return_dict=True))
+
+
+def _keeping_training_state(model: Any, run: Callable[[], dict]) -> dict[str, Any]:
+    # (A model's compiled metrics may be built by this very evaluation: only those that existed are put back.)
+    saved = [(v, np.array(keras.ops.convert_to_numpy(v))) for v in model.metrics_variables]
     training = getattr(model, "training", None)  # torch modules: evaluate() switches to eval mode
     try:
-        results = model.evaluate(batches, verbose=0, return_dict=True)
+        results = run()
     finally:
-        for variable, value in zip(model.metrics_variables, saved, strict=True):
+        for variable, value in saved:
             variable.assign(value)
         if training is True and callable(getattr(model, "train", None)):
             model.train()
-    return {k: float(np.asarray(v)) for k, v in results.items()}
+    return {k: _scalar(v) for k, v in results.items()}
+
+
+def _scalar(value: Any) -> Any:
+    """A float for a scalar result; a list for a metric whose result is an array (as in Keras's logs)."""
+    array = np.asarray(value)
+    return float(array) if array.ndim == 0 else array.tolist()
 
 
 class CrossValidation(KfitCallback):

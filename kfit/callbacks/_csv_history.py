@@ -151,7 +151,7 @@ class CSVHistory(KfitCallback):
     def on_cross_validation_end(self, index: int, logs: dict) -> None:
         self.write_row("cross_validation", {k: v for k, v in logs.items() if k != "samples"})
 
-    def on_test_end(self, logs: dict) -> None:
+    def on_final_test_end(self, logs: dict) -> None:
         self.write_row("test", dict(logs))
 
     def on_hyperparameter_change(self, name: str, value: float, scheduled: float, unit: str) -> None:

@@ -223,7 +223,7 @@ class ProgressPrinter(KfitCallback):
     def on_cross_validation_end(self, index: int, logs: dict) -> None:
         self._evaluation("val_", logs)
 
-    def on_test_end(self, logs: dict) -> None:
+    def on_final_test_end(self, logs: dict) -> None:
         self._evaluation("test_", logs)
 
     def on_hyperparameter_change(self, name: str, value: float, scheduled: float, unit: str) -> None:

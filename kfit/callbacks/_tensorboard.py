@@ -225,7 +225,7 @@ class TensorBoardProgressWriter(KfitCallback):
         self._write_logs(logs, step, skip=("samples", "val_index", "val_samples", "val_minibatches"))
         self.flush()
 
-    def on_test_end(self, logs: dict) -> None:
+    def on_final_test_end(self, logs: dict) -> None:
         self._write_logs(logs, self.clock.samples, skip=("test_samples", "test_minibatches"))
         if self._training:
             self.flush()

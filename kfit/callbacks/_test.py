@@ -24,7 +24,7 @@ class Test(KfitCallback):
 
     * into the run's ``History`` (``kfit.fit``'s return value) as ``test_<name>`` lists of one value, with
       ``test_average_error``, ``test_samples`` and ``test_minibatches``;
-    * to every kfit callback of the run through ``on_test_end(logs)`` (progress printers, CSV writers);
+    * to every kfit callback of the run through ``on_final_test_end(logs)`` (progress printers, CSV writers);
     * into :attr:`results` (None until the test has run);
     * to stdout, as CNTK prints them: ``Finished Evaluation [1]: Minibatch[1-12]: metric = 3.06% * 360;``
       (the error ``1 - accuracy`` in percent for an accuracy, else the value), unless the run has a
@@ -69,7 +69,7 @@ class Test(KfitCallback):
         name: str | None = None,
     ):
         super().__init__(name=name)
-        self.data = EvaluationData(data, "Test")
+        self.data = EvaluationData(data, "Test", reusable=False)
         self.minibatch_size = check_minibatch_size(minibatch_size, "Test")
         if metric is not None and (not isinstance(metric, str) or not metric):
             raise ValueError(f"Invalid value for argument `metric`: expected a metric's name or None. Received: metric={metric!r}")
@@ -111,7 +111,7 @@ class Test(KfitCallback):
         if history is not None:
             for k, v in logs.items():
                 history.history[k] = [v]
-        self.publish("on_test_end", dict(logs))
+        self.publish("on_final_test_end", dict(logs))
         if self.verbose and not self._printer_present():
             from kfit import distributed
 

@@ -241,7 +241,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         clock = get_clock(self._model)
         if clock is not None and clock.driver is not None:
-            clock.driver.batch_begin(clock)  # under model.fit: the step's size, once per step
+            clock.driver.batch_begin(clock, batch)  # under model.fit: the step's size, once per step
         p = self.progress(batch)
         if p is None:
             return

@@ -9,21 +9,25 @@ project changes nothing until a kfit feature is used.
 from __future__ import annotations
 
 import math
+import sys
+import warnings
 from typing import Any
 
 import keras
 import numpy as np
 
 from kfit import _backend
-from kfit.callbacks._base import PEERS_ATTRIBUTE, KfitCallback
+from kfit.callbacks._base import PEERS_ATTRIBUTE
 from kfit.callbacks._minibatch_size_schedule import MinibatchSizeSchedule
-from kfit.callbacks._sample_clock import SampleClock, apply_minibatch_size
+from kfit.callbacks._sample_clock import SampleClock
 from kfit.clock import Clock, attach_clock
-from kfit.data._prefetch import Prefetcher
+from kfit.data._adapter import StreamAdapter, declared_batches, pack_batch
 from kfit.data._pydataset import PyDatasetStream
+from kfit.data._source import SourceAdapter, SourceDriver
 from kfit.data._stream import SampleStream, dataset_length, flatten, is_streamable, pack
 from kfit.training import _plan
 from kfit.training._context import TrainingContext, attach_context
+from kfit.training._driver import PlanDriver
 from kfit.training._summaries import EpochSummaries
 
 
@@ -84,22 +88,6 @@ def _class_weights(y: Any, class_weight: dict) -> np.ndarray:
 def ordered_callbacks(callbacks: list) -> list:
     """Callbacks sorted (stably) by their ``order``: see :attr:`kfit.callbacks.KfitCallback.order`."""
     return sorted(callbacks, key=lambda c: getattr(c, "order", 0))
-
-
-def _should_validate(epoch: int, validation_freq: Any) -> bool:
-    if isinstance(validation_freq, int):
-        return (epoch + 1) % validation_freq == 0
-    return (epoch + 1) in validation_freq
-
-
-def _pythonify(logs: dict) -> dict:
-    out = {}
-    for key, value in logs.items():
-        try:
-            out[key] = float(keras.ops.convert_to_numpy(value))
-        except (TypeError, ValueError):
-            out[key] = value
-    return out
 
 
 def _size_function(minibatch_size: Any) -> tuple[Any, int | None]:
@@ -224,18 +212,36 @@ def fit(
         if y is not None or sample_weight is not None:
             raise ValueError("With a PyDataset as `x`, `y` and `sample_weight` come from the dataset's batches; pass x only.")
     elif not is_streamable(x):
-        raise ValueError(
-            "kfit's stream (needed for minibatch-size schedules, epoch_size, max_samples, seed, checkpoints "
-            "that resume mid-epoch and Horovod) reads arrays (NumPy arrays, h5py datasets, or dicts/lists/tuples "
-            f"of them) or a keras.utils.PyDataset. Received x of type {type(x).__name__}. Convert the data, or drop the kfit-only "
-            "arguments to train through model.fit."
-        )
+        _check_source_options(x, minibatch_size, epoch_size, validation_split, callbacks)
+        return _StreamFit(
+            model, x, y, batch_size, epochs, verbose, callbacks, 0.0, validation_data, shuffle, class_weight,
+            sample_weight, initial_epoch, steps_per_epoch, validation_steps, validation_batch_size,
+            validation_freq, None, max_samples, seed, prefetch, source=True,
+        ).run()
     return _StreamFit(
         model, x, y, minibatch_size if minibatch_size is not None else 32, epochs, verbose, callbacks,
         validation_split, validation_data, shuffle, class_weight, sample_weight, initial_epoch,
         steps_per_epoch, validation_steps, validation_batch_size, validation_freq,
         epoch_size, max_samples, seed, prefetch,
     ).run()
+
+
+def _check_source_options(x: Any, minibatch_size: Any, epoch_size: Any, validation_split: float, callbacks: list) -> None:
+    """A source that batches by itself (tf.data, a generator, a DataLoader) cannot follow kfit's plan."""
+    kind = type(x).__name__
+    works = ("Give the data as arrays (NumPy arrays, h5py datasets, dicts/lists of them) or as a "
+             "keras.utils.PyDataset, which kfit cuts into minibatches itself")
+    if (minibatch_size is not None and not isinstance(minibatch_size, (int, np.integer))) or any(
+            isinstance(c, MinibatchSizeSchedule) for c in callbacks):
+        raise ValueError(f"A minibatch-size schedule needs data that kfit cuts into minibatches; x is a {kind}, which "
+                         f"makes its own minibatches. {works}, or train at the source's own minibatch size.")
+    if epoch_size is not None:
+        raise ValueError(f"Argument `epoch_size` needs data that kfit reads as a stream of samples; x is a {kind}, whose "
+                         f"epochs are its own passes (use `steps_per_epoch`, as with model.fit). {works}. "
+                         f"Received: epoch_size={epoch_size!r}")
+    if validation_split:
+        raise ValueError(f"Argument `validation_split` needs arrays (as in model.fit); x is a {kind}. Give "
+                         f"`validation_data` instead. Received: validation_split={validation_split!r}")
 
 
 def _fit_with_model_fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data,
@@ -282,52 +288,151 @@ class RunHistory(keras.callbacks.History):
             self.epoch = []
 
 
-class _BatchHooks:
-    """Calls the per-step hooks of a run's callbacks without forcing a device sync at every step.
+class _RunControl(keras.callbacks.Callback):
+    """kfit.fit's own hooks in ``model.fit``: where the run starts (after a checkpoint restore), the
+    restored metric state of an epoch resumed in its middle, Horovod's broadcast."""
 
-    ``keras.callbacks.CallbackList`` converts the step's logs to Python floats before calling any
-    callback that overrides a batch hook, which blocks on the device at every step. kfit's callbacks
-    take the logs as they are (and convert only when they print or write); other callbacks that
-    override a batch hook get Python floats, converted once per step, as in ``model.fit``.
+    order = 150  # after Checkpoint (100) has restored the state in on_train_begin
+
+    def __init__(self, run: _StreamFit):
+        super().__init__()
+        self.run = run
+        self._metric_values: list | None = None
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        run = self.run
+        model, clock = run.model, run.clock
+        run.release_writes = _backend.hold_writes(model)
+        if run.distributed:
+            from kfit import distributed
+
+            distributed.broadcast_training_state(model)
+        if run.stream is not None:
+            run.stream.position = clock.samples
+        if clock.samples >= run.stop_at or model.stop_training:
+            _backend.set_initial_epoch(model, run.num_epochs)  # nothing left to train
+            return
+        if run.source is not None:
+            self._resume_source(run)
+            return
+        _backend.set_initial_epoch(model, clock.epoch)
+        if run.context.resumed_mid_epoch:
+            # model.fit resets the metrics when an epoch begins: the restored state is put back then.
+            self._metric_values = [keras.ops.convert_to_numpy(v.value) for v in model.metrics_variables]
+
+    def _resume_source(self, run: _StreamFit) -> None:
+        clock = run.clock
+        if clock.samples == 0:
+            _backend.set_initial_epoch(run.model, run.initial_epoch)
+            return
+        _backend.set_initial_epoch(run.model, clock.epoch)
+        spe = run.source.steps_per_epoch
+        skip = run.source.resume(clock.samples_in_epoch, clock.samples, clock.minibatches % spe if spe else 0)
+        print(f"kfit: a {type(run.source.inner).__name__.removesuffix('DataAdapter')} source cannot seek: resuming at "
+              f"sample {clock.samples} by drawing and dropping the first {skip} samples it yields"
+              f"{'' if run.source.continues else ' in epoch ' + str(clock.epoch)}.", file=sys.stderr)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        clock = self.run.clock
+        if self.run.source is not None and clock.epoch_size is None:
+            if clock.driver is not None:
+                clock.driver.flush(clock)
+            if clock.samples:
+                clock.epoch_size = clock.samples  # a source's epoch is one pass: now its length is known
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if self._metric_values is not None:
+            for variable, value in zip(self.run.model.metrics_variables, self._metric_values):
+                variable.assign(value)
+            self._metric_values = None
+        self.run.context.resumed_mid_epoch = False
+
+
+class _CountStep(keras.callbacks.Callback):
+    """Counts each step on the clock before any other callback's batch-end hook reads it.
+
+    Added only when some callback already makes Keras dispatch batch ends synchronously (otherwise the
+    clock counts a step at the next hook that reads it, and Keras keeps its asynchronous dispatch).
     """
 
-    def __init__(self, callbacks: list):
-        from keras.src.utils.python_utils import pythonify_logs
+    order = -10_000
 
-        self._pythonify = pythonify_logs
-        self.begin = [c for c in callbacks if self._overrides(c, "on_train_batch_begin")]
-        self.end = [c for c in callbacks if self._overrides(c, "on_train_batch_end")]
+    def __init__(self, clock: Clock):
+        super().__init__()
+        self.clock = clock
 
-    @staticmethod
-    def _overrides(callback: Any, hook: str) -> bool:
-        return getattr(type(callback), hook) is not getattr(keras.callbacks.Callback, hook)
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self.clock.driver is not None:
+            self.clock.driver.flush(self.clock)
 
-    def on_train_batch_begin(self, step: int) -> None:
-        for callback in self.begin:
-            callback.on_train_batch_begin(step, {})
 
-    def on_train_batch_end(self, step: int, logs: dict) -> None:
-        converted = None
-        for callback in self.end:
-            if isinstance(callback, KfitCallback):
-                callback.on_train_batch_end(step, logs)
-            else:
-                if converted is None:
-                    converted = self._pythonify(logs)
-                callback.on_train_batch_end(step, converted)
+def _dispatches_batch_end_synchronously(callback: Any) -> bool:
+    """Keras's rule (``CallbackList._configure_async_dispatch``)."""
+    if getattr(callback, "async_safe", False):
+        return False
+    return any(not getattr(getattr(callback, hook), "_is_default", False) for hook in ("on_batch_end", "on_train_batch_end"))
+
+
+class _StopAtSamples(keras.callbacks.Callback):
+    """``max_samples`` on a source that makes its own minibatches: stop after the step that reaches it."""
+
+    order = 1500
+
+    def __init__(self, clock: Clock, max_samples: int):
+        super().__init__()
+        self.clock, self.max_samples = clock, max_samples
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self.clock.driver is not None:
+            self.clock.driver.flush(self.clock)
+        if self.clock.samples >= self.max_samples:
+            self.model.stop_training = True
+
+
+class _AgreedStop(keras.callbacks.Callback):
+    """Data-parallel runs: a stop decided on any worker ends training on every worker after the same
+    step (none is left waiting in an allreduce alone); epoch metrics averaged over the workers."""
+
+    order = 2000  # after every callback that may stop training
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        from kfit import distributed
+
+        self.model.stop_training = distributed.any_true(self.model.stop_training)
+
+
+class _AverageMetrics(keras.callbacks.Callback):
+    order = -1000  # first at the epoch end: every other callback sees the averaged logs
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        from kfit import distributed
+
+        if logs is None:
+            return
+        train = {k: v for k, v in logs.items() if not k.startswith("val_")}
+        logs.update(distributed.average_metrics(train, self.model))
 
 
 class _StreamFit:
-    """One run of kfit's own training loop (see :func:`fit`)."""
+    """One run of ``kfit.fit`` with kfit's features: ``model.fit`` fed by kfit's stream (see :func:`fit`)."""
+
+    #: The Keras progress bar of the run (verbose runs), whose target follows each epoch's plan.
+    progbar: Any = None
 
     def __init__(self, model, x, y, minibatch_size, epochs, verbose, callbacks, validation_split, validation_data,
                  shuffle, class_weight, sample_weight, initial_epoch, steps_per_epoch, validation_steps,
-                 validation_batch_size, validation_freq, epoch_size, max_samples, seed, prefetch):
+                 validation_batch_size, validation_freq, epoch_size, max_samples, seed, prefetch, source=False):
         from kfit import distributed
 
         if model.optimizer is None or not getattr(model, "compiled", True):
             raise ValueError("You must call `model.compile(...)` before kfit.fit(model, ...).")
         self.model = model
+        self.source: SourceAdapter | None = None
+        if source:
+            self._init_source(x, y, sample_weight, minibatch_size, epochs, verbose, callbacks, validation_data,
+                              shuffle, class_weight, initial_epoch, steps_per_epoch, validation_steps,
+                              validation_batch_size, validation_freq, max_samples)
+            return
         if isinstance(x, keras.utils.PyDataset):
             if validation_split:
                 raise ValueError("`validation_split` needs arrays (as in model.fit); give `validation_data` with a PyDataset.")
@@ -361,6 +466,7 @@ class _StreamFit:
         self.max_samples = max_samples
         stops = [b for b in (max_samples, None if epochs is None else epochs * self.epoch_size) if b is not None]
         self.stop_at = min(stops)
+        self.num_epochs = math.ceil(self.stop_at / self.epoch_size)
         self.prefetch = prefetch
         self.verbose = 1 if verbose == "auto" else verbose
         if not distributed.is_chief():
@@ -374,122 +480,129 @@ class _StreamFit:
             clock=self.clock, stream=self.stream, callbacks=self.callbacks, history=self.history,
             kfit_fit=True, epochs=epochs, max_samples=max_samples,
         )
-        self.runner = _backend.StepRunner(model)
         self.distributed = distributed.size() > 1
+        self.release_writes: Any = lambda: None
+
+    def _init_source(self, x, y, sample_weight, batch_size, epochs, verbose, callbacks, validation_data, shuffle,
+                     class_weight, initial_epoch, steps_per_epoch, validation_steps, validation_batch_size,
+                     validation_freq, max_samples) -> None:
+        from kfit import distributed
+
+        if distributed.size() > 1:
+            raise ValueError(
+                f"Data-parallel training reads each worker's share of kfit's stream; x is a {type(x).__name__}, which "
+                "kfit cannot split. Give arrays, h5py datasets or a keras.utils.PyDataset, or shard the source "
+                "yourself and train each worker on its own shard.")
+        inner = _backend.keras_data_adapter(x, y, sample_weight, batch_size, steps_per_epoch, shuffle, class_weight)
+        self.source = SourceAdapter(inner, restarts=type(inner).__name__ != "GeneratorDataAdapter",
+                                    steps_per_epoch=steps_per_epoch)
+        self.stream = None
+        self.validation_data, self.validation_steps = validation_data, validation_steps
+        self.validation_batch_size, self.validation_freq = validation_batch_size, validation_freq
+        self.class_weight = None
+        self.fixed_size = inner.batch_size
+        self.epochs = epochs if epochs is not None or max_samples is not None else 1
+        self.max_samples = max_samples
+        self.stop_at = max_samples if max_samples is not None else math.inf
+        self.num_epochs = self.epochs if self.epochs is not None else 2**31 - 1
+        self.prefetch = 0
+        self.verbose = 1 if verbose == "auto" else verbose
+        self.clock = attach_clock(self.model, Clock())
+        self.initial_epoch = initial_epoch
+        self.history = RunHistory()
+        self.summaries = EpochSummaries(self.history)
+        self.callbacks = ordered_callbacks(callbacks + [self.summaries])
+        object.__setattr__(self.model, PEERS_ATTRIBUTE, [])
+        self.context = TrainingContext(clock=self.clock, stream=None, callbacks=self.callbacks, history=self.history,
+                                       kfit_fit=True, epochs=self.epochs, max_samples=max_samples)
+        self.distributed = False
+        self.release_writes: Any = lambda: None
+        self.progbar = None
+        self.progbar: Any = None
 
     # -- data ------------------------------------------------------------------------------------
     def read(self, start: int, size: int) -> tuple:
-        """The minibatch at ``(start, size)`` as backend tensors (runs on the prefetch thread)."""
+        """The host minibatch ``(x, y, sample_weight)`` at ``(start, size)`` (runs on a reader thread)."""
         x, y, sample_weight = self.stream.read(start, size)
         if self.class_weight is not None:
             sample_weight = _class_weights(y, self.class_weight)
-        return _backend.to_tensors((x, y, sample_weight))
+        return x, y, sample_weight
 
-    def _steps_in_epoch(self) -> int | None:
-        if self.fixed_size is None:
-            return None
-        return math.ceil(min(self.epoch_size, self.stop_at) / self.fixed_size)
+    def epoch_plan(self) -> list:
+        """The ``(start, size)`` minibatches of the epoch beginning at the clock's reading."""
+        clock = self.clock
+        if clock.driver is not None:
+            clock.driver.flush(clock)
+        end = min(clock.epoch_end(), self.stop_at)
+        plan = list(_plan.plan(clock.samples, clock.minibatches, self.size_at, self.epoch_size, end))
+        if self.progbar is not None:
+            self.progbar.target = len(plan)  # Keras's bar shows this epoch's steps
+        return plan
 
-    # -- the loop --------------------------------------------------------------------------------
-    def run(self) -> keras.callbacks.History:
-        model, clock = self.model, self.clock
-        attach_context(model, self.context)
-        callback_list = keras.callbacks.CallbackList(
-            self.callbacks + [self.history],
-            add_history=False,
-            add_progbar=self.verbose != 0,
-            verbose=self.verbose,
-            epochs=self.epochs if self.epochs is not None else math.ceil(self.stop_at / self.epoch_size),
-            steps=self._steps_in_epoch(),
-            model=model,
+    # -- the run ---------------------------------------------------------------------------------
+    def _feed(self) -> tuple[Any, Any, Any, int | None]:
+        """What ``model.fit`` reads: the adapter, the clock's driver, a first batch to build the model with,
+        and the validation minibatch size."""
+        clock = self.clock
+        if self.source is not None:
+            first = next(iter(self.source.inner.get_numpy_iterator()))
+            return self.source, SourceDriver(self.model, self.source), first, self.fixed_size
+        workers = self.stream.num_workers
+        adapter = StreamAdapter(
+            self.read, self.epoch_plan,
+            declared_batches(self.size_at, self.fixed_size, clock.samples, clock.minibatches, self.epoch_size,
+                             self.stop_at, _plan.plan),
+            batch_size=None if self.fixed_size is None else max(self.fixed_size // workers, 1),
+            prefetch=self.prefetch,
         )
-        prefetcher = None
+        if clock.samples < self.stop_at:
+            first_size = _plan.next_minibatch(clock.samples, clock.minibatches, self.size_at, self.epoch_size,
+                                              self.stop_at)
+        else:
+            first_size = self.fixed_size or 1
+        first = pack_batch(*self.read(clock.samples % max(self.stream.num_samples, 1), max(first_size, workers)))
+        return adapter, PlanDriver(self.model, adapter), first, self.fixed_size or first_size
+
+    def run(self) -> keras.callbacks.History:
         from kfit import distributed
 
+        model, clock = self.model, self.clock
+        attach_context(model, self.context)
+        adapter = None
         try:
-            first = self.read(clock.samples % max(self.stream.num_samples, 1), self._first_size())
+            adapter, clock.driver, first, validation_size = self._feed()
+            extra: list = [_RunControl(self)]
+            if any(_dispatches_batch_end_synchronously(c) for c in self.callbacks):
+                extra.append(_CountStep(clock))
+            if self.source is not None and self.max_samples is not None:
+                extra.append(_StopAtSamples(clock, self.max_samples))
+            if self.distributed:
+                extra += [_AgreedStop(), _AverageMetrics()]
+            callbacks = ordered_callbacks(self.callbacks + extra) + [self.history]
+            if self.verbose != 0 and self.source is None:
+                self.progbar = keras.callbacks.ProgbarLogger()
+                callbacks.append(self.progbar)
             if self.distributed:
                 distributed.prepare_model(model)
-            self.runner.build(first)
-            model.stop_training = False
-            callback_list.on_train_begin()
-            if self.distributed:
-                distributed.broadcast_training_state(model)
-            self.stream.position = clock.samples
-            prefetcher = Prefetcher(
-                self.read,
-                _plan.plan(clock.samples, clock.minibatches, self.size_at, self.epoch_size, self.stop_at),
-                depth=self.prefetch,
-            )
-            logs = self._train(callback_list, _BatchHooks(callback_list.callbacks), prefetcher)
-            callback_list.on_train_end(logs)
+            _backend.build(model, _backend.to_tensors(first))
+            with warnings.catch_warnings():
+                # An epoch whose plan holds fewer minibatches than declared ends early, by design.
+                warnings.filterwarnings("ignore", message="Your input ran out of data")
+                model.fit(
+                    adapter, epochs=self.num_epochs, verbose=self.verbose, callbacks=callbacks,
+                    validation_data=self.validation_data, validation_steps=self.validation_steps,
+                    validation_batch_size=self.validation_batch_size or validation_size,
+                    validation_freq=self.validation_freq, initial_epoch=0,
+                )
         finally:
-            if prefetcher is not None:
-                prefetcher.close()
-            self.runner.end()
+            self.release_writes()
+            if isinstance(adapter, StreamAdapter):
+                adapter.close()
+            clock.driver = None
+            _backend.set_initial_epoch(model, None)
             attach_context(model, None)
         self.history.epoch_summaries = self.summaries.summaries
         return self.history
 
-    def _first_size(self) -> int:
-        size = _plan.next_minibatch(self.clock.samples, self.clock.minibatches, self.size_at, self.epoch_size, self.stop_at)
-        return max(size, self.stream.num_workers)
 
-    def _train(self, callback_list: Any, batch_hooks: _BatchHooks, prefetcher: Prefetcher) -> dict:
-        from kfit import distributed
-        model, clock, runner = self.model, self.clock, self.runner
-        applied_size = None
-        epoch_logs: dict = {}
-        while clock.samples < self.stop_at and not model.stop_training:
-            epoch = clock.epoch
-            if clock.samples_in_epoch == 0 and not self.context.resumed_mid_epoch:
-                model.reset_metrics()
-            self.context.resumed_mid_epoch = False
-            runner.begin()
-            callback_list.on_epoch_begin(epoch)
-            epoch_end = min(clock.epoch_end(), self.stop_at)
-            step = 0
-            logs: dict = {}
-            while clock.samples < epoch_end:
-                # (stream.read checks the size on the reader thread; the prefetcher raises its errors here)
-                size = _plan.next_minibatch(clock.samples, clock.minibatches, self.size_at, self.epoch_size, self.stop_at)
-                clock.minibatch_size = size
-                apply_minibatch_size(model, size, applied_size)
-                applied_size = size
-                batch_hooks.on_train_batch_begin(step)
-                logs = runner.step(prefetcher.get(clock.samples, size))
-                clock.advance(size)
-                self.stream.position = clock.samples
-                batch_hooks.on_train_batch_end(step, logs)
-                step += 1
-                if self.distributed:
-                    # A stop decided on any worker (cross-validation, early stopping, a user's callback)
-                    # ends training on every worker after the same step: none is left in an allreduce alone.
-                    model.stop_training = distributed.any_true(model.stop_training)
-                if model.stop_training:
-                    break
-            runner.sync()
-            epoch_logs = _pythonify(model.get_metrics_result())
-            if self.distributed:
-                epoch_logs = distributed.average_metrics(epoch_logs, model)
-            if self.validation_data is not None and _should_validate(epoch, self.validation_freq):
-                epoch_logs.update(self._validate(applied_size))
-            callback_list.on_epoch_end(epoch, epoch_logs)
-            runner.begin()
-        return epoch_logs
-
-    def _validate(self, last_size: int | None) -> dict:
-        data = self.validation_data
-        if isinstance(data, (list, tuple)) and len(data) in (2, 3):
-            val_x, val_y = data[0], data[1]
-            val_sw = data[2] if len(data) == 3 else None
-        else:
-            val_x, val_y, val_sw = data, None, None
-        val_logs = self.model.evaluate(
-            val_x, val_y, sample_weight=val_sw, batch_size=self.validation_batch_size or self.fixed_size or last_size,
-            steps=self.validation_steps, verbose=0, return_dict=True,
-        )
-        return {f"val_{k}": float(v) for k, v in val_logs.items()}
-
-
-__all__ = ["fit", "KfitCallback"]
+__all__ = ["fit"]

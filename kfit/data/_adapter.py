@@ -1,0 +1,154 @@
+"""kfit's stream as a Keras data adapter: ``model.fit`` itself trains on kfit's minibatches.
+
+``kfit.fit`` hands :class:`StreamAdapter` to ``model.fit`` as its ``x``. Keras then runs its own loop
+(its callbacks, ``train_step``, EMA, ``steps_per_execution``, validation, progress bar) and draws, for
+each of its epochs, the minibatches of one kfit epoch: the plan (``kfit.training._plan``) read from the
+clock when the epoch begins, read ahead on a background thread. Batches reach ``train_step`` as Keras
+packs them: ``x``, ``(x, y)`` or ``(x, y, sample_weight)``.
+
+An epoch may hold fewer minibatches than the adapter declares (the epoch a run resumes in, the last one
+before ``max_samples``, a minibatch-size schedule): its iterator ends early, which Keras handles as the
+end of the epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import keras
+import numpy as np
+
+from kfit import _backend
+from kfit.data._prefetch import Prefetcher
+
+#: The most minibatches walked to find the longest epoch of a minibatch-size schedule.
+_PLAN_WALK_LIMIT = 200_000
+
+
+def pack_batch(x: Any, y: Any, sample_weight: Any) -> Any:
+    """``x``, ``(x, y)`` or ``(x, y, sample_weight)``: the form ``model.fit`` hands ``train_step``."""
+    if y is None and sample_weight is None:
+        return x
+    if sample_weight is None:
+        return (x, y)
+    return (x, y, sample_weight)
+
+
+class StreamAdapter(_backend.DataAdapter):
+    """Feeds ``model.fit`` the minibatches of kfit's plan, one kfit epoch per Keras epoch.
+
+    Args:
+        read: ``read(start, size)`` returns the host batch ``(x, y, sample_weight)`` at those global
+            positions (this worker's share).
+        epoch_plan: returns the ``(start, size)`` list of the epoch beginning at the clock's reading.
+        declared_batches: the number of minibatches Keras is told an epoch holds (an upper bound).
+        batch_size: the fixed minibatch size (per worker), or None for a schedule.
+        prefetch: minibatches read ahead on a background thread.
+    """
+
+    def __init__(self, read: Callable[[int, int], tuple], epoch_plan: Callable[[], list],
+                 declared_batches: int | None, batch_size: int | None, prefetch: int = 2):
+        self._read = read
+        self._epoch_plan = epoch_plan
+        self._declared = declared_batches
+        self._batch_size = batch_size
+        self._prefetch = prefetch
+        self._plan: list[tuple[int, int]] | None = None
+        self._prefetchers: list[Prefetcher] = []
+        self._signature: Any = None
+
+    # -- what Keras asks -------------------------------------------------------------------------
+    @property
+    def num_batches(self) -> int | None:
+        return self._declared
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._batch_size
+
+    @property
+    def has_partial_batch(self) -> bool:
+        return False
+
+    @property
+    def partial_batch_size(self) -> int | None:
+        return None
+
+    def on_epoch_begin(self) -> None:
+        self.close()
+        self._plan = self._epoch_plan()
+        _backend.declare_epoch_steps(len(self._plan))
+
+    def on_epoch_end(self) -> None:
+        self.close()
+
+    @property
+    def plan(self) -> list[tuple[int, int]]:
+        """The ``(start, size)`` minibatches of the epoch being trained."""
+        if self._plan is None:
+            self._plan = self._epoch_plan()
+        return self._plan
+
+    def _batches(self, convert: Callable[[Any], Any]) -> Iterator[Any]:
+        plan = list(self.plan)
+        prefetcher = Prefetcher(lambda start, size: convert(pack_batch(*self._read(start, size))),
+                                iter(plan), depth=self._prefetch)
+        self._prefetchers.append(prefetcher)
+        try:
+            for start, size in plan:
+                yield prefetcher.get(start, size)
+        finally:
+            prefetcher.close()
+
+    def get_numpy_iterator(self) -> Iterator[Any]:
+        return self._batches(lambda batch: batch)
+
+    def get_jax_iterator(self) -> Iterator[Any]:
+        return self._batches(_backend.to_tensors)
+
+    def get_torch_dataloader(self) -> Any:
+        return _Iterable(lambda: self._batches(_backend.to_tensors))
+
+    def get_tf_dataset(self) -> Any:
+        import tensorflow as tf
+
+        if self._signature is None:
+            start, size = self.plan[0] if self.plan else (0, 1)
+            sample = pack_batch(*self._read(start, size))
+            self._signature = keras.tree.map_structure(
+                lambda a: tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), sample)
+        return tf.data.Dataset.from_generator(lambda: self._batches(lambda batch: batch),
+                                              output_signature=self._signature)
+
+    def close(self) -> None:
+        """Stops the readers of abandoned epochs."""
+        for prefetcher in self._prefetchers:
+            prefetcher.close()
+        self._prefetchers = []
+
+
+class _Iterable:
+    """An iterable that starts a new pass at every ``iter()`` (what Keras's torch loop expects)."""
+
+    def __init__(self, make: Callable[[], Iterator[Any]]):
+        self._make = make
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._make()
+
+
+def declared_batches(size_at: Callable[[int, int], int], fixed_size: int | None, samples: int, minibatches: int,
+                     epoch_size: int, stop_at: int, plan: Callable[..., Iterator[tuple[int, int]]]) -> int:
+    """How many minibatches to tell Keras an epoch holds: exact for a fixed size, else the longest epoch."""
+    if fixed_size is not None:
+        return max(1, math.ceil(min(epoch_size, stop_at) / fixed_size))
+    longest, current, epoch = 0, 0, None
+    for walked, (start, _size) in enumerate(plan(samples, minibatches, size_at, epoch_size, stop_at)):
+        if walked >= _PLAN_WALK_LIMIT:
+            return max(longest, current, epoch_size)
+        if start // epoch_size != epoch:
+            longest, current, epoch = max(longest, current), 0, start // epoch_size
+        current += 1
+    return max(1, longest, current)

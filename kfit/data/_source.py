@@ -1,0 +1,259 @@
+"""Sources that batch by themselves and cannot seek: ``tf.data``, generators, torch ``DataLoader``\\ s.
+
+``kfit.fit`` trains on them through Keras's own data adapter for the source, wrapped so that kfit's clock
+counts the samples of every minibatch: each batch is read one ahead, so the size of a step is known before
+the step runs (the per-sample learning rate uses it). Such a source decides its own minibatches and
+epochs: a minibatch-size schedule is refused, and an epoch is one pass over the source.
+
+A run resumed on such a source skips ahead: it draws and drops the minibatches the interrupted run had
+trained in the epoch it resumes (a generator that is never restarted: every minibatch since the start),
+which reproduces the interrupted run when the source yields the same minibatches in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import keras
+import numpy as np
+
+from kfit import _backend
+
+
+def batch_size_of(batch: Any) -> int:
+    """The number of samples in a batch as Keras hands it (``x``, ``(x,)``, ``(x, y)``, ``(x, y, w)``)."""
+    x = batch[0] if isinstance(batch, tuple) else batch
+    leaves = [leaf for leaf in keras.tree.flatten(x) if leaf is not None]
+    if not leaves:
+        raise ValueError(f"kfit cannot count the samples of a batch with no input array. Received: {batch!r}")
+    return int(np.shape(leaves[0])[0])
+
+
+class _ReadAhead:
+    """Iterates ``source`` one batch ahead, recording the size of every batch it has read; ends after
+    ``limit`` batches when one is given."""
+
+    def __init__(self, source: Iterator[Any], convert: Callable[[Any], Any], limit: int | None = None):
+        self._source = source
+        self._convert = convert
+        self._limit = limit
+        self.sizes: list[int] = []
+        self._next: Any = None
+        self.done = False
+        #: True when the source itself ended (not the limit).
+        self.exhausted = False
+        self._advance()
+
+    def _advance(self) -> None:
+        if self._limit is not None and len(self.sizes) >= self._limit:
+            self.done, self._next = True, None
+            return
+        try:
+            batch = next(self._source)
+        except StopIteration:
+            self.done, self.exhausted, self._next = True, True, None
+            return
+        self.sizes.append(batch_size_of(batch))
+        self._next = batch
+
+    def __iter__(self) -> _ReadAhead:
+        return self
+
+    def __next__(self) -> Any:
+        if self.done:
+            raise StopIteration
+        batch = self._next
+        self._advance()
+        return self._convert(batch)
+
+
+class SourceAdapter(_backend.DataAdapter):
+    """Keras's adapter for a source that batches by itself, counted for kfit's clock.
+
+    Args:
+        inner: Keras's data adapter for the source.
+        restarts: True when every epoch reads the source from its start (``tf.data``, ``DataLoader``,
+            ``PyDataset``); False for a generator, which goes on where it stopped.
+    """
+
+    def __init__(self, inner: Any, restarts: bool, steps_per_epoch: int | None = None):
+        self.inner = inner
+        self.restarts = restarts
+        self.steps_per_epoch = steps_per_epoch
+        self._current: _ReadAhead | None = None
+        self._underlying: Iterator[Any] | None = None
+        self._steps_at_open = 0
+        self._skip = 0
+        self._limit: int | None = None
+        self._signature: Any = None
+        #: Steps counted since training began (kept by the driver).
+        self.steps = 0
+        self.driver: SourceDriver | None = None
+
+    @property
+    def num_batches(self) -> int | None:
+        return self.inner.num_batches
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.inner.batch_size
+
+    @property
+    def has_partial_batch(self) -> bool:
+        return self.inner.has_partial_batch
+
+    @property
+    def partial_batch_size(self) -> int | None:
+        return self.inner.partial_batch_size
+
+    def on_epoch_begin(self) -> None:
+        self.inner.on_epoch_begin()
+        if not self.continues:
+            # Keras opens a new pass for this epoch (on TensorFlow, lazily, once the first step runs).
+            self._current = None
+
+    def on_epoch_end(self) -> None:
+        self.inner.on_epoch_end()
+
+    @property
+    def continues(self) -> bool:
+        """True when Keras reads the source on across epochs (a generator; ``steps_per_epoch`` given)."""
+        return not self.restarts or self.steps_per_epoch is not None
+
+    def resume(self, samples_in_epoch: int, samples: int, steps_in_epoch: int) -> int:
+        """Positions the source for a run resumed mid-run; returns the samples it will drop.
+
+        A source read from its start at every epoch drops the epoch's first ``samples_in_epoch`` samples;
+        one read on across epochs drops the first ``samples`` of the run, and the epoch in progress ends after
+        the ``steps_per_epoch - steps_in_epoch`` steps it has left.
+        """
+        self._skip = samples if self.continues else samples_in_epoch
+        if self.steps_per_epoch is not None and steps_in_epoch:
+            self._limit = self.steps_per_epoch - steps_in_epoch
+        return self._skip
+
+    def size_of_step(self, steps: int) -> int | None:
+        """The size of the ``steps``-th step since training began, if its batch has been read."""
+        if self._current is None:
+            return None
+        index = steps - self._steps_at_open
+        sizes = self._current.sizes
+        return sizes[index] if 0 <= index < len(sizes) else None
+
+    def ended_before(self, steps: int) -> bool:
+        """True when the pass in progress ended before the ``steps``-th step's batch."""
+        current = self._current
+        return current is not None and current.done and steps - self._steps_at_open >= len(current.sizes)
+
+    def _new_pass(self) -> None:
+        self._underlying = iter(self.inner.get_numpy_iterator())
+
+    def _drop(self, samples: int) -> None:
+        dropped, empty_passes = 0, 0
+        while dropped < samples:
+            try:
+                dropped += batch_size_of(next(self._underlying))
+                empty_passes = 0
+            except StopIteration:
+                empty_passes += 1
+                if not self.restarts or empty_passes > 1:
+                    raise ValueError(f"The data source ran out after {dropped} samples while kfit skipped the "
+                                     f"{samples} samples the interrupted run had trained on. Resume with the same "
+                                     "data.") from None
+                self._new_pass()  # a source that restarts goes on with its next pass
+
+    def _open(self, convert: Callable[[Any], Any]) -> _ReadAhead:
+        # Keras asks for an iterator at each epoch (or, reading on across epochs, when the last one ended).
+        exhausted = self._current is not None and self._current.exhausted
+        if self._underlying is None or not self.continues or exhausted:
+            self._new_pass()
+        if self._skip:
+            skip, self._skip = self._skip, 0
+            self._drop(skip)
+        limit, self._limit = self._limit, None
+        self._current = _ReadAhead(self._underlying, convert, limit)
+        # A step planned from the previous pass and not yet counted (Keras opens the next epoch's pass as soon
+        # as the last step of an epoch has run) is not this pass's first step.
+        driver = self.driver
+        self._steps_at_open = self.steps + int(driver is not None and driver.pending is not None and driver.pending_known)
+        return self._current
+
+    def get_numpy_iterator(self) -> Iterator[Any]:
+        return self._open(lambda batch: batch)
+
+    def get_jax_iterator(self) -> Iterator[Any]:
+        return self._open(_backend.to_tensors)
+
+    def get_torch_dataloader(self) -> Any:
+        adapter = self
+
+        class _Passes:
+            def __iter__(self) -> Iterator[Any]:
+                return adapter._open(_backend.to_tensors)
+
+        return _Passes()
+
+    def get_tf_dataset(self) -> Any:
+        import tensorflow as tf
+
+        if self._signature is None:
+            sample = next(iter(self.inner.get_numpy_iterator()))
+            self._signature = keras.tree.map_structure(
+                lambda a: None if a is None else tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)),
+                sample)
+        return tf.data.Dataset.from_generator(lambda: self._open(lambda batch: batch), output_signature=self._signature)
+
+
+class SourceDriver:
+    """The clock on a :class:`SourceAdapter`: a step's size is the size of the batch it trains."""
+
+    plans_sizes = False
+
+    def __init__(self, model: Any, adapter: SourceAdapter):
+        self.model = model
+        self.adapter = adapter
+        self.pending: int | None = None
+        self.pending_batch: int | None = None
+        self.applied: int | None = None
+        self.pending_size = 0
+        #: The pending step's size was read from its batch (not assumed).
+        self.pending_known = False
+        adapter.driver = self
+
+    def batch_begin(self, clock: Any, batch: int) -> bool:
+        from kfit.callbacks._sample_clock import apply_minibatch_size
+
+        if self.pending is not None:
+            if self.pending_batch == batch:
+                return True
+            self.flush(clock)
+        size = self.adapter.size_of_step(self.adapter.steps)
+        if size is None and self.adapter.ended_before(self.adapter.steps):
+            _backend.before_empty_step(self.model)
+            return False  # the pass ended: Keras finds no step to run
+        self.pending_known = size is not None
+        if size is None:  # not read yet (tf.data reads on its own thread): the source's batch size
+            size = self.adapter.batch_size or clock.minibatch_size
+        if size is None:
+            return True
+        clock.minibatch_size = size
+        apply_minibatch_size(self.model, size, self.applied)
+        self.applied = size
+        self.pending, self.pending_batch, self.pending_size = size, batch, size
+        return True
+
+    def batch_end(self, clock: Any) -> None:
+        self.flush(clock)
+
+    def flush(self, clock: Any) -> None:
+        if self.pending is None:
+            return
+        actual = self.adapter.size_of_step(self.adapter.steps)
+        ended = actual is None and self.adapter.ended_before(self.adapter.steps)
+        self.pending = None
+        self.pending_batch = None
+        if ended:
+            return  # Keras asked for a step, and the pass had ended: nothing was trained
+        clock.advance(actual or self.pending_size)
+        self.adapter.steps += 1

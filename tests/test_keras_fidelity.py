@@ -1,0 +1,214 @@
+"""A kfit feature must not take away what ``model.fit`` gave: kfit's loop is ``model.fit`` itself.
+
+Each test runs a working Keras project twice, once with ``model.fit`` and once with ``kfit.fit`` and a
+kfit-only feature (``seed``, ``max_samples``, a ``Checkpoint``), on the same minibatches
+(``shuffle=False``), and compares what a user sees: the weights, the logs, what ``train_step`` received.
+"""
+
+import keras
+import numpy as np
+import pytest
+from helpers import assert_same_weights, mlp, regression_data, weights
+
+import kfit
+
+
+def compiled(model, **kwargs):
+    kwargs.setdefault("optimizer", keras.optimizers.SGD(0.05))
+    kwargs.setdefault("loss", "mse")
+    model.compile(**kwargs)
+    return model
+
+
+class GuideModel(keras.Model):
+    """The Keras guide's custom ``train_step``: ``x, y = data``, logs of its own."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(1)
+        self.received: list[str] = []
+        self.tracker = keras.metrics.Mean(name="loss")
+        self.doubled = keras.metrics.Mean(name="doubled_loss")
+
+    def call(self, x):
+        return self.dense(x)
+
+    def train_step(self, *args):
+        data = args[-1]  # JAX's train_step is stateless: (state, data)
+        self.received.append(type(data).__name__ + str(len(data)) if isinstance(data, tuple) else "x")
+        x, y = data  # raises "too many values to unpack" when handed (x, y, None)
+        if keras.backend.backend() == "jax":
+            return super().train_step(*args)  # Keras's own step; the unpacking above is what is tested
+        if keras.backend.backend() == "torch":
+            y_pred = self(x, training=True)
+            loss = keras.ops.mean(keras.ops.square(y - y_pred))
+            self.zero_grad()
+            loss.backward()
+            grads = [v.value.grad for v in self.trainable_weights]
+        else:
+            import tensorflow as tf
+
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = keras.ops.mean(keras.ops.square(y - y_pred))
+            grads = tape.gradient(loss, self.trainable_weights)
+        self.optimizer.apply(grads, self.trainable_weights)
+        self.tracker.update_state(loss)
+        self.doubled.update_state(2 * loss)
+        return {"loss": self.tracker.result(), "doubled_loss": self.doubled.result()}
+
+    @property
+    def metrics(self):
+        if keras.backend.backend() == "jax":
+            return super().metrics
+        return [self.tracker, self.doubled]
+
+
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+def test_custom_train_step_receives_x_y_and_its_logs_are_the_history(loop):
+    x, y = regression_data(32)
+    keras.utils.set_random_seed(3)
+    model = GuideModel()
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    if loop == "model.fit":
+        history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    else:
+        history = kfit.fit(model, x, y, batch_size=8, epochs=2, shuffle=False, seed=0, verbose=0)
+    assert set(model.received) == {"tuple2"}
+    if keras.backend.backend() == "jax":  # Keras's own train_step ran: its logs
+        assert "loss" in history.history and len(history.history["loss"]) == 2
+        return
+    assert set(history.history) == {"loss", "doubled_loss"}
+    np.testing.assert_allclose(history.history["doubled_loss"], 2 * np.array(history.history["loss"]), rtol=1e-5)
+
+
+class XOnlyNoCall(keras.Model):
+    """A VAE-like model: a custom ``train_step`` on ``x`` alone, and no ``call()``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        self.decoder = keras.Sequential([keras.Input((2,)), keras.layers.Dense(4)])
+        self.tracker = keras.metrics.Mean(name="reconstruction")
+
+    def train_step(self, data):
+        x = data
+        if keras.backend.backend() == "torch":
+            self.zero_grad()
+            loss = keras.ops.mean(keras.ops.square(self.decoder(self.encoder(x)) - x))
+            loss.backward()
+            grads = [v.value.grad for v in self.trainable_weights]
+        elif keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            with tf.GradientTape() as tape:
+                loss = keras.ops.mean(keras.ops.square(self.decoder(self.encoder(x)) - x))
+            grads = tape.gradient(loss, self.trainable_weights)
+        self.optimizer.apply(grads, self.trainable_weights)
+        self.tracker.update_state(loss)
+        return {"reconstruction": self.tracker.result()}
+
+    @property
+    def metrics(self):
+        return [self.tracker]
+
+
+def test_model_without_call_and_x_only_train_step_behaves_as_in_model_fit(backend):
+    if backend == "jax":
+        pytest.skip("Keras's JAX trainer takes a stateless train_step(state, data): this model is written for TF/torch")
+    x, _ = regression_data(32)
+    results = []
+    for loop in ("model.fit", "kfit.fit"):
+        keras.utils.set_random_seed(5)
+        model = XOnlyNoCall()
+        model.compile(optimizer=keras.optimizers.SGD(0.1))
+        try:
+            if loop == "model.fit":
+                history = model.fit(x, batch_size=8, epochs=2, shuffle=False, verbose=0)
+            else:
+                history = kfit.fit(model, x, batch_size=8, epochs=2, shuffle=False, seed=0, verbose=0)
+        except RuntimeError as error:  # Keras's torch trainer cannot build a model without call()
+            results.append(("error", str(error).splitlines()[0]))
+            continue
+        results.append((weights(model), history.history))
+    (w_keras, h_keras), (w_kfit, h_kfit) = results
+    assert w_kfit != "error", h_kfit
+    if w_keras == "error":  # Keras 3's torch trainer cannot build it; kfit.fit trains it all the same
+        assert len(h_kfit["reconstruction"]) == 2 and np.isfinite(h_kfit["reconstruction"]).all()
+        return
+    assert h_kfit == h_keras and len(h_kfit["reconstruction"]) == 2
+    for a, b in zip(w_keras, w_kfit):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_ema_weights_are_swapped_in_at_the_end_as_in_model_fit():
+    x, y = regression_data(48)
+    models = []
+    for loop in ("model.fit", "kfit.fit"):
+        model = compiled(mlp(), optimizer=keras.optimizers.SGD(0.05, use_ema=True, ema_momentum=0.9))
+        if loop == "model.fit":
+            model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        else:
+            kfit.fit(model, x, y, batch_size=8, epochs=2, shuffle=False, seed=0, verbose=0)
+        models.append(model)
+    assert_same_weights(*models)
+
+
+def test_keras_callbacks_see_what_model_fit_shows_them():
+    x, y = regression_data(40)
+    seen = {}
+    for loop in ("model.fit", "kfit.fit"):
+        events: list = []
+        recorder = keras.callbacks.LambdaCallback(
+            on_train_batch_begin=lambda batch, logs, events=events: events.append(("begin", batch)),
+            on_train_batch_end=lambda batch, logs, events=events: events.append(("end", batch, sorted(logs))),
+            on_epoch_end=lambda epoch, logs, events=events: events.append(("epoch", epoch, sorted(logs))),
+        )
+        model = compiled(mlp(), metrics=["mae"])
+        if loop == "model.fit":
+            model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=[recorder])
+        else:
+            kfit.fit(model, x, y, batch_size=16, epochs=2, shuffle=False, seed=0, verbose=0, callbacks=[recorder])
+        seen[loop] = events
+    assert seen["kfit.fit"] == seen["model.fit"]
+
+
+def test_terminate_on_nan_stops_after_the_step_as_in_model_fit():
+    x, y = regression_data(64)
+    y = y * 1e30
+    stops = {}
+    for loop in ("model.fit", "kfit.fit"):
+        model = compiled(mlp(), optimizer=keras.optimizers.SGD(1e10))
+        if loop == "model.fit":
+            history = model.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0,
+                                callbacks=[keras.callbacks.TerminateOnNaN()])
+        else:
+            history = kfit.fit(model, x, y, batch_size=8, epochs=3, shuffle=False, seed=0, verbose=0,
+                               callbacks=[keras.callbacks.TerminateOnNaN()])
+        stops[loop] = (len(history.history["loss"]), model.stop_training)
+    assert stops["kfit.fit"] == stops["model.fit"] == (1, True)
+
+
+def test_early_stopping_on_loss_and_non_scalar_validation_metric():
+    x, y = regression_data(48)
+    val = regression_data(16, seed=3)
+
+    class PerOutputError(keras.metrics.Metric):
+        """A metric whose result is a vector (as F1Score(average=None) is)."""
+
+        def __init__(self, name="per_output_error", **kwargs):
+            super().__init__(name=name, **kwargs)
+            self.total = self.add_variable(shape=(2,), initializer="zeros", name="total")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            err = keras.ops.mean(keras.ops.abs(y_true - y_pred))
+            self.total.assign_add(keras.ops.stack([err, 2 * err]))
+
+        def result(self):
+            return keras.ops.convert_to_tensor(self.total)
+
+    model = compiled(mlp(), metrics=[PerOutputError()])
+    history = kfit.fit(model, x, y, batch_size=8, epochs=30, seed=0, verbose=0, validation_data=val,
+                       callbacks=[keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10.0)])
+    assert len(history.history["loss"]) == 2  # no improvement of 10 after the first epoch: stops at the second
+    assert np.shape(history.history["val_per_output_error"][0]) == (2,)
