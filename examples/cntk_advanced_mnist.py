@@ -5,7 +5,11 @@ handwritten digits that ship with scikit-learn (8x8 images, no download): per-sa
 momentum as a time constant, a minibatch size growing during training, progress lines (to a log file
 and to stderr), TensorBoard events, a checkpoint at every epoch (a rerun resumes from it), cross-validation
 that halves the learning rate when the error improves by less than 5% and stops training after the sixth
-cut, and a final test.
+cut, and a final test. At the end it draws the run's curves (loss, metric, learning rate and minibatch size
+against samples seen) into OUT/curves.png and says where.
+
+Run it again and it resumes from its newest checkpoint; once the run has ended (the sixth cut) a rerun
+trains nothing, says so and prints the results again. ``--fresh`` starts over.
 
 Run:  python examples/cntk_advanced_mnist.py [--out runs/mnist] [--fresh]
       KFIT_EXAMPLE_SMALL=1 ...  for the short run CI uses.
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 
 import keras
 import numpy as np
@@ -83,7 +88,7 @@ def main(out: str = "runs/mnist", fresh: bool = False) -> keras.callbacks.Histor
     # Progress: the first 10 minibatches, then every 50th, to a log file; TensorBoard events.
     progress_writer = kfit.callbacks.ProgressPrinter(50, first=10, log_to_file=os.path.join(out, "my.log"))
     console = kfit.callbacks.ProgressPrinter(name="console")  # epoch lines on stderr
-    tensorboard_writer = kfit.callbacks.TensorBoardProgressWriter(50, log_dir=os.path.join(out, "tensorboard"))
+    tensorboard_writer = kfit.callbacks.TensorBoardProgressWriter(os.path.join(out, "tensorboard"), freq=50)
     history_csv = kfit.callbacks.CSVHistory(os.path.join(out, "history.csv"))
 
     # A checkpoint every epoch; restore=True resumes an interrupted run from the newest intact one.
@@ -111,14 +116,30 @@ def main(out: str = "runs/mnist", fresh: bool = False) -> keras.callbacks.Histor
 
     callbacks = [learner, kfit.callbacks.MomentumSchedule(momentums), progress_writer, console, tensorboard_writer,
                  history_csv, checkpoint, cv_callback, test_callback]
-    history = kfit.fit(model, x_train, y_train, minibatch_size=minibatch_sizes, epoch_size=epoch_size,
-                       epochs=4 if SMALL else 50, seed=0, verbose=0, callbacks=callbacks)
+    try:
+        history = kfit.fit(model, x_train, y_train, minibatch_size=minibatch_sizes, epoch_size=epoch_size,
+                           epochs=4 if SMALL else 50, seed=0, verbose=0, callbacks=callbacks)
+    except kfit.checkpoint.CheckpointMismatchError as mismatch:
+        sys.exit(f"{mismatch} Or run this script with --fresh.")
 
+    if checkpoint.finished_before:
+        print("(This run had ended: `--fresh` starts it over.)")
     # Progress is available from the return value.
     losses = [summary.loss for summary in history.epoch_summaries]
     print("loss progression =", ", ".join(f"{loss:.3f}" for loss in losses))
     print(f"test error = {1 - history.history['test_accuracy'][-1]:.2%}; files in {out}/")
+    print(f"curves (loss, metric, learning rate, minibatch size against samples): {draw_curves(out)}")
     return history
+
+
+def draw_curves(out: str) -> str:
+    """The CSV history drawn as one PNG (``kfit plot OUT/history.csv -o OUT/curves.png`` does the same)."""
+    from kfit.plotting import plot_history
+
+    try:
+        return str(plot_history(os.path.join(out, "history.csv"), os.path.join(out, "curves.png")))
+    except ImportError as error:  # matplotlib is an extra: pip install 'kfit[plot]'
+        return f"not drawn ({error})"
 
 
 if __name__ == "__main__":

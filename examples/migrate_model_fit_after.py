@@ -1,4 +1,4 @@
-"""After: the same script on kfit (see docs/migrating.md).
+"""After: the same script on kfit (see docs/migrating-from-keras.md).
 
 `model.fit(` became `kfit.fit(model, `; the learning rate is per sample (the same schedule means the same
 thing at any minibatch size) and follows the sample clock; momentum is a time constant that the

@@ -1,4 +1,4 @@
-"""Before: a Keras 3 training script with the usual callbacks (see docs/migrating.md).
+"""Before: a Keras 3 training script with the usual callbacks (see docs/migrating-from-keras.md).
 
 Epoch-based learning-rate schedule, early stopping, plateau reduction and BackupAndRestore, which after a
 crash restarts the interrupted epoch from its first batch on mid-epoch weights.

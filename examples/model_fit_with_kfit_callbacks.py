@@ -1,6 +1,6 @@
 """kfit's callbacks in a plain `model.fit` (no kfit.fit): a SampleClock tells them the minibatch size.
 
-Everything but minibatch-size schedules and exact mid-epoch resumption works here (see docs/migrating.md).
+Everything but minibatch-size schedules and exact mid-epoch resumption works here (see docs/migrating-from-keras.md).
 """
 
 import keras

@@ -4,26 +4,53 @@ One sample clock drives every schedule and trigger; learning rates per sample an
 constant mean the same thing at any minibatch size; minibatch sizes can follow a schedule; checkpoints
 resume a run exactly; cross-validation steers training; Horovod runs it data-parallel.
 
+Submodules and names are imported on first use (PEP 562), so ``import kfit`` alone does not import Keras
+or a backend: the ``kfit`` command line starts in a fraction of a second.
+
 Example:
     >>> import kfit
     >>> kfit.schedules.momentum_as_time_constant(1024).per_sample_momentum(0)
     0.9990239141819757
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from kfit import callbacks, data, distributed, optimizers, schedules  # noqa: E402
-from kfit.clock import Clock, get_clock  # noqa: E402
-from kfit.training import EpochSummary, fit, get_context  # noqa: E402
+_SUBMODULES = ("callbacks", "checkpoint", "cli", "cntk", "data", "distributed", "optimizers", "plotting", "schedules", "training")
+# name -> the module that defines it
+_NAMES = {
+    "Clock": "kfit.clock",
+    "get_clock": "kfit.clock",
+    "EpochSummary": "kfit.training",
+    "fit": "kfit.training",
+    "get_context": "kfit.training",
+    "save_checkpoint": "kfit.checkpoint",
+    "load_checkpoint": "kfit.checkpoint",
+}
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __getattr__
+    from kfit import callbacks, checkpoint, data, distributed, optimizers, schedules  # noqa: F401
+    from kfit.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
+    from kfit.clock import Clock, get_clock  # noqa: F401
+    from kfit.training import EpochSummary, fit, get_context  # noqa: F401
 
 
-def __getattr__(name: str):
-    # Checkpoint functions import h5py writers on first use.
-    if name in ("save_checkpoint", "load_checkpoint"):
-        from kfit import checkpoint
-
-        return getattr(checkpoint, name)
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"kfit.{name}")
+    if name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
     raise AttributeError(f"module 'kfit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SUBMODULES) | set(_NAMES))
 
 
 __all__ = [

@@ -1,22 +1,47 @@
 """kfit's command line.
 
-``kfit inspect PATH [--json]``: what a checkpoint holds (the clock, hyperparameters, last metrics, every
-variable with its shape), its format version, and whether its checksum holds. The exit status is 0 for an
-intact file, 1 for a damaged or unreadable one.
+``kfit inspect PATH [--json]``: what a checkpoint holds (the clock, where the run stood: running, complete
+or stopped and why, hyperparameters, last metrics, every variable with its shape), its format version, and
+whether its checksums hold. The exit status is 0 for an intact file, 1 for a damaged or unreadable one.
+
+``kfit runs DIR [--json]``: every checkpoint file under ``DIR`` (a run's output folder), one line each: its
+clock, the run's status and whether the file is intact. Exit status 1 when one of them is damaged.
 
 ``kfit plot HISTORY.csv -o OUT.png``: plots a CSV history written by ``kfit.callbacks.CSVHistory``.
+
+The command line imports neither Keras nor a backend (a checkpoint is read with h5py and NumPy), so it
+answers in a fraction of a second. Text read from files (paths, names, error messages) is printed with
+control characters escaped, so a crafted file cannot move the cursor or rewrite the terminal.
 
 Example:
     >>> from kfit.cli import main
     >>> # main(["inspect", "runs/model.ckpt", "--json"])
+    >>> # main(["runs", "runs/mnist-tensorflow"])
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
+
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def printable(text: Any) -> str:
+    """``text`` with control characters (and other unprintable ones) escaped as Python writes them.
+
+    Example:
+        >>> printable("runs/a\\x1b[2Jb\\n")
+        'runs/a\\\\x1b[2Jb\\\\n'
+    """
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _format_shape(shape: Sequence[int]) -> str:
@@ -28,10 +53,12 @@ def _number(value: float | None) -> str:
 
 
 def _text(info) -> str:
-    lines = [f"checkpoint:      {info.path}"]
-    lines.append(f"format version:  {info.format_version} (kfit {info.kfit_version}, Keras {info.keras_version}, "
-                 f"backend {info.backend}, written {info.created})")
-    lines.append("checksum:        " + ("ok" if info.checksum_ok else f"FAILED: {info.problem}"))
+    p = printable
+    lines = [f"checkpoint:      {p(info.path)}"]
+    lines.append(f"format version:  {info.format_version} (kfit {p(info.kfit_version)}, Keras {p(info.keras_version)}, "
+                 f"backend {p(info.backend)}, written {p(info.created)})")
+    lines.append("checksum:        " + ("ok" if info.checksum_ok else f"FAILED: {p(info.problem)}"))
+    lines.append(f"run status:      {p(info.status_text())}")
     if info.samples is not None:
         epoch = f"{info.epoch}" + (f" (+{info.samples_in_epoch} samples)" if info.samples_in_epoch else "")
         lines.append(f"samples:         {info.samples}")
@@ -44,15 +71,15 @@ def _text(info) -> str:
         lines.append(f"momentum:        {_number(hyper['momentum'])}")
     others = {k: v for k, v in hyper.items() if k not in ("learning_rate", "momentum", "minibatch_size")}
     if others:
-        lines.append("hyperparameters: " + ", ".join(f"{k} = {_number(v)}" for k, v in sorted(others.items())))
-    lines.append(f"optimizer:       {info.optimizer or '-'}")
-    metrics = ", ".join(f"{k} = {_number(v)}" for k, v in info.last_metrics.items()) or "-"
+        lines.append("hyperparameters: " + ", ".join(f"{p(k)} = {_number(v)}" for k, v in sorted(others.items())))
+    lines.append(f"optimizer:       {p(info.optimizer or '-')}")
+    metrics = ", ".join(f"{p(k)} = {_number(v)}" for k, v in info.last_metrics.items()) or "-"
     lines.append(f"last metrics:    {metrics}")
     lines.append(f"resume:          {'exact (saved by kfit.fit)' if info.kfit_fit else 'from the epoch start (saved under model.fit)'}")
     lines.append(f"variables:       {len(info.variables)}")
-    width = max((len(v.path) for v in info.variables), default=0)
+    width = max((len(p(v.path)) for v in info.variables), default=0)
     for v in info.variables:
-        lines.append(f"  {v.group:<9} {v.path:<{width}}  {_format_shape(v.shape):<14} {v.dtype}")
+        lines.append(f"  {v.group:<9} {p(v.path):<{width}}  {_format_shape(v.shape):<14} {p(v.dtype)}")
     return "\n".join(lines)
 
 
@@ -64,16 +91,106 @@ def _inspect(args: argparse.Namespace) -> int:
     except CheckpointError as error:
         if args.json:
             print(json.dumps({"path": args.path, "checksum_ok": False, "problem": str(error)}, indent=2))
-        print(f"kfit inspect: {error}", file=sys.stderr)
+        print(f"kfit inspect: {printable(error)}", file=sys.stderr)
         return 1
     print(json.dumps(info.as_dict(), indent=2) if args.json else _text(info))
     return 0 if info.checksum_ok else 1
 
 
+# -- kfit runs ---------------------------------------------------------------------------------------
+def _is_hdf5(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == _HDF5_SIGNATURE
+    except OSError:
+        return False
+
+
+def find_checkpoints(directory: str) -> list[str]:
+    """The kfit checkpoint candidates under ``directory``: HDF5 files, not the temporaries of a write in progress.
+
+    Sorted by path, numbered twins (``PATH.<samples>``) by their sample count after ``PATH``.
+    """
+    from kfit.checkpoint import _format
+
+    found = []
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in files:
+            if _format._TEMP_INFIX in name:
+                continue
+            path = os.path.join(root, name)
+            if os.path.isfile(path) and _is_hdf5(path):
+                found.append(path)
+
+    def key(path: str) -> tuple:
+        stem, _, suffix = path.rpartition(".")
+        if suffix.isdigit() and stem in found:
+            return (stem, 1, int(suffix))
+        return (path, 0, 0)
+
+    return sorted(found, key=key)
+
+
+def _run_row(path: str, verify: bool) -> dict[str, Any]:
+    from kfit.checkpoint import CheckpointError, read_checkpoint_info
+
+    try:
+        info = read_checkpoint_info(path, verify=verify)
+    except CheckpointError as error:
+        return {"path": path, "samples": None, "epoch": None, "status": None, "status_text": "-",
+                "created": None, "intact": False, "problem": str(error)}
+    return {"path": path, "samples": info.samples, "epoch": info.epoch, "status": info.status,
+            "status_reason": info.status_reason, "status_text": info.status_text(), "created": info.created,
+            "intact": info.checksum_ok, "problem": info.problem}
+
+
+def _runs(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.directory):
+        print(f"kfit runs: {printable(args.directory)!s} is not a directory.", file=sys.stderr)
+        return 2
+    rows = [_run_row(path, verify=not args.quick) for path in find_checkpoints(args.directory)]
+    damaged = any(row["intact"] is False for row in rows)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 1 if damaged else 0
+    if not rows:
+        print(f"No kfit checkpoints under {printable(args.directory)}.")
+        return 0
+    table = [("FILE", "SAMPLES", "EPOCH", "STATUS", "INTEGRITY", "WRITTEN")]
+    for row in rows:
+        intact = {True: "ok", False: "DAMAGED", None: "not checked"}[row["intact"]]
+        table.append((
+            printable(os.path.relpath(row["path"], args.directory)),
+            "-" if row["samples"] is None else str(row["samples"]),
+            "-" if row["epoch"] is None else str(row["epoch"]),
+            printable(row["status_text"]), intact, printable(row["created"] or "-"),
+        ))
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for r in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(r, widths)).rstrip())
+    for row in rows:
+        if row["problem"]:
+            print(f"{printable(os.path.relpath(row['path'], args.directory))}: {printable(row['problem'])}", file=sys.stderr)
+    return 1 if damaged else 0
+
+
+# -- kfit plot ---------------------------------------------------------------------------------------
 def _plot(args: argparse.Namespace) -> int:
     from kfit.plotting import plot_history
 
-    plot_history(args.history, args.output)
+    try:
+        out = plot_history(args.history, args.output)
+    except (OSError, ValueError, ImportError) as error:
+        if isinstance(error, FileNotFoundError) and error.filename is not None:
+            message = f"no such file: {error.filename}"
+        elif isinstance(error, OSError) and error.filename is not None:
+            message = f"{error.filename}: {error.strerror or error}"
+        else:
+            message = str(error)
+        print(f"kfit plot: {printable(message)}", file=sys.stderr)
+        return 1
+    print(f"wrote {printable(out)}")
     return 0
 
 
@@ -84,6 +201,11 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("path", help="the checkpoint file")
     inspect.add_argument("--json", action="store_true", help="print JSON (for scripts)")
     inspect.set_defaults(run=_inspect)
+    runs = commands.add_parser("runs", help="list the checkpoints in a run directory: clock, status, integrity")
+    runs.add_argument("directory", help="the run's output folder (searched recursively)")
+    runs.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+    runs.add_argument("--quick", action="store_true", help="read only the metadata (skip the checksums of the arrays)")
+    runs.set_defaults(run=_runs)
     plot = commands.add_parser("plot", help="plot a CSV training history")
     plot.add_argument("history", help="the CSV history (kfit.callbacks.CSVHistory)")
     plot.add_argument("-o", "--output", required=True, help="the image to write (e.g. history.png)")
@@ -98,10 +220,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments (default: ``sys.argv[1:]``).
 
     Returns:
-        The exit status: 0 on success, 1 for a damaged or unreadable checkpoint, 2 for bad usage.
+        The exit status: 0 on success, 1 for a damaged or unreadable checkpoint or a failed plot, 2 for bad usage.
     """
     args = _parser().parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except BrokenPipeError:  # `kfit inspect ... | head`: the reader has gone, which is fine
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":  # python -m kfit.cli

@@ -14,10 +14,20 @@ _NOT_METRICS = {
 
 
 def _read(csv_path: str | os.PathLike) -> tuple[list[str], list[dict[str, str]]]:
-    with open(csv_path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        columns = list(reader.fieldnames or [])
-        rows = list(reader)
+    try:
+        with open(csv_path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            columns = list(reader.fieldnames or [])
+            rows = list(reader)
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{os.fspath(csv_path)} is not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start}): "
+            "expected a CSV written by kfit.callbacks.CSVHistory."
+        ) from None
+    except csv.Error as error:
+        raise ValueError(f"{os.fspath(csv_path)} is not a readable CSV ({error}): expected a CSV written by kfit.callbacks.CSVHistory.") from None
+    if not columns:
+        raise ValueError(f"{os.fspath(csv_path)} is empty: expected a CSV written by kfit.callbacks.CSVHistory.")
     if "samples" not in columns:
         raise ValueError(
             f"{os.fspath(csv_path)} has no `samples` column (columns: {columns}): expected a CSV written by "
@@ -89,7 +99,7 @@ def plot_history(csv_path: str | os.PathLike, output_path: str | os.PathLike) ->
 
     Raises:
         FileNotFoundError: if ``csv_path`` does not exist.
-        ValueError: if the CSV has no ``samples`` column.
+        ValueError: if the file is empty, not UTF-8 text, not a CSV, or has no ``samples`` column.
         ImportError: if matplotlib is not installed (``pip install kfit[plot]``).
 
     Example:

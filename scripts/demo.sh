@@ -9,5 +9,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
-export KERAS_BACKEND=${KERAS_BACKEND:-tensorflow} TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+# Quiet TensorFlow's start-up notices (its oneDNN lines are printed whatever TF_CPP_MIN_LOG_LEVEL says).
+export KERAS_BACKEND=${KERAS_BACKEND:-tensorflow} TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2} \
+  TF_ENABLE_ONEDNN_OPTS=${TF_ENABLE_ONEDNN_OPTS:-0}
 python examples/cntk_advanced_mnist.py --out "runs/mnist-$KERAS_BACKEND" "$@"

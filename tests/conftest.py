@@ -7,7 +7,12 @@ before any backend is imported so that results repeat bit for bit.
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# Quiet TensorFlow and absl (also in the subprocesses the tests start, which inherit this environment):
+# TF_CPP_MIN_LOG_LEVEL drops C++ INFO/WARNING lines; TensorFlow's oneDNN notices are printed before absl's
+# logging is set up, whatever the level, and go only when oneDNN's custom ops are off.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
@@ -18,6 +23,13 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 BACKEND = keras.backend.backend()
+
+try:  # absl's Python logger (used by TensorFlow and JAX): warnings and above only
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.ERROR)
+except ImportError:
+    pass
 
 # Scripts that tests run in subprocesses (under horovodrun, or to be killed): not test modules.
 collect_ignore_glob = ["scripts/*", "horovod_scripts/*"]

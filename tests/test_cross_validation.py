@@ -290,7 +290,7 @@ def test_test_under_plain_model_fit_and_quiet_with_a_progress_printer(capsys, tm
     history = kfit.fit(model, x, y, minibatch_size=50, epoch_size=300, epochs=1, verbose=0,
                        callbacks=[printer, Test(digits(*TEST))])
     assert "Finished Evaluation" not in capsys.readouterr().out
-    assert "Finished Evaluation [1]" in (tmp_path / "log.txt").read_text()
+    assert "Finished Test: Minibatch[1-7]: test_loss = " in (tmp_path / "log.txt").read_text()
 
 
 # -- bad input -----------------------------------------------------------------------------------------

@@ -50,6 +50,14 @@ def test_demo_writes_its_log_tensorboard_csv_and_checkpoints(tmp_path):
     assert list((out / "tensorboard").rglob("events.out.tfevents.*"))
     assert (out / "history.csv").read_text().count("\n") >= 4
     assert list(out.glob("model_mn.h5*"))
-    # a second run resumes from the newest checkpoint: training is already complete, nothing more is trained
+    # the curves, as a PNG, and where they are
+    assert f"curves (loss, metric, learning rate, minibatch size against samples): {os.path.join('demo', 'curves.png')}" in result.stdout
+    assert (out / "curves.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    # a second run restores the newest checkpoint: the run is complete, it says so and trains nothing
+    epochs = log.count("Finished Epoch")
     again = run_example("cntk_advanced_mnist.py", tmp_path, "--out", "demo")
     assert again.returncode == 0, again.stderr[-3000:]
+    assert "kfit: run already complete at sample 5200 (reached epochs=4); nothing to train." in again.stderr
+    assert "(This run had ended: `--fresh` starts it over.)" in again.stdout
+    assert (out / "my.log").read_text().count("Finished Epoch") == epochs
+    assert "test error =" in again.stdout

@@ -39,9 +39,10 @@ def test_values_at_every_step_of_a_plain_model_fit():
         assert row["momentum"] == pytest.approx(expected_mu, rel=1e-6, abs=1e-7)
         samples += size
     assert kfit.get_clock(model).samples == 100
-    # The epoch logs carry the values applied to the epoch's last minibatch.
-    assert history.history["lr"] == pytest.approx([0.01 * 2, 0.005 * 2], rel=1e-6)
-    assert history.history["momentum"] == pytest.approx([0.0, math.exp(-2 / 64)], rel=1e-6)
+    # The epoch logs carry the values in force at the epoch's end: those of its last full minibatch, not of
+    # the 2-sample minibatch that ends it (whose per-minibatch rate is 8 times smaller).
+    assert history.history["lr"] == pytest.approx([0.01 * 16, 0.005 * 16], rel=1e-6)
+    assert history.history["momentum"] == pytest.approx([0.0, math.exp(-16 / 64)], rel=1e-6)
 
 
 def test_kfit_fit_matches_the_numpy_reference_through_changes_of_rate_momentum_and_size():
@@ -170,3 +171,15 @@ def test_per_step_hyperparameter_changes_do_not_sync_the_jax_state():
     optimizer = model.optimizer
     assert float(optimizer.learning_rate.numpy()) == pytest.approx(recorder_lr[last_samples] * 4, rel=1e-6)
     assert float(optimizer.momentum.numpy()) == pytest.approx(math.exp(-4 / (10.0 + last_samples)), rel=1e-6)
+
+
+def test_history_lr_is_the_rate_in_force_not_the_tail_minibatch():
+    """kfit.fit cuts the last minibatch of an epoch short (100 = 3 * 32 + 4): History's ``lr`` is the rate
+    of a full minibatch, as the schedule gives it, not the 8 times smaller rate of the 4-sample tail."""
+    x, y = regression_data(100)
+    model = mlp()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    lr = kfit.schedules.learning_rate_per_sample([0.001, 0.0005], epoch_size=100)
+    history = kfit.fit(model, x, y, minibatch_size=32, epochs=2, seed=0, verbose=0,
+                       callbacks=[kfit.callbacks.LearningRateSchedule(lr)])
+    assert history.history["lr"] == pytest.approx([0.001 * 32, 0.0005 * 32], rel=1e-6)

@@ -10,11 +10,17 @@ import kfit
 from kfit.callbacks import KfitCallback, ProgressPrinter
 from kfit.clock import Clock, attach_clock
 
-MINIBATCH = re.compile(r"^Minibatch\[\s*(\d+)-\s*(\d+)\]: loss = (\d+\.\d{6}) \* (\d+), metric = (\d+\.\d{2})% \* (\d+);$")
+# Every value is labelled with its Keras name; the accuracy is shown as CNTK's error, "1 - accuracy" in %.
+MINIBATCH = re.compile(r"^Minibatch\[\s*(\d+)-\s*(\d+)\]: loss = (\d+\.\d{6}) \* (\d+), 1 - accuracy = (\d+\.\d{2})%;$")
 EPOCH = re.compile(
-    r"^Finished Epoch\[(\d+)\]: loss = (\d+\.\d{6}) \* (\d+), metric = (\d+\.\d{2})% \* (\d+) \d+\.\d{3}s \(\s*\d+\.\d samples/s\);$"
+    r"^Finished Epoch\[(\d+)\]: loss = (\d+\.\d{6}) \* (\d+), 1 - accuracy = (\d+\.\d{2})% \d+\.\d{3}s "
+    r"\(\s*\d+\.\d samples/s(; the first minibatch, compiling, took \d+\.\d{3}s)?\);$"
 )
-EVALUATION = re.compile(r"^Finished Evaluation \[(\d+)\]: Minibatch\[1-(\d+)\]: metric = (\d+\.\d{2})% \* (\d+);$")
+# Cross-validations are numbered by val_index (from 0); the final test is "Finished Test".
+EVALUATION = re.compile(
+    r"^Finished (?:Evaluation \[val_index=(\d+)\]|Test): Minibatch\[1-(\d+)\]: (?:val|test)_loss = \d+\.\d{6} \* (\d+), "
+    r"1 - (?:val|test)_accuracy = (\d+\.\d{2})%;$"
+)
 HYPERPARAMETER = re.compile(r"^(Learning rate per 1 samples|Learning rate per minibatch|Momentum per 1 samples|Momentum per minibatch): \S+$")
 SIZE = re.compile(r"^Minibatch size: \d+$")
 
@@ -47,13 +53,13 @@ def test_lines_match_cntk_format_and_count_the_samples_trained(tmp_path):
         callbacks=[ProgressPrinter(freq=2, first=1, log_to_file=log), ProgressPrinter(metric_is_pct=False, log_to_file=tmp_path / "acc.log")],
     )
     # metric_is_pct=False: the accuracy as is.
-    accuracies = [re.search(r"metric = (0\.\d{6}) \* 96 ", line) for line in lines_of(tmp_path / "acc.log") if "Finished Epoch" in line]
+    accuracies = [re.search(r"accuracy = (0\.\d{6}) ", line) for line in lines_of(tmp_path / "acc.log") if "Finished Epoch" in line]
     assert [float(m[1]) for m in accuracies] == [pytest.approx(a, abs=1e-6) for a in history.history["accuracy"]]
     lines = lines_of(log)
     assert lines and all(MINIBATCH.match(line) or EPOCH.match(line) or SIZE.match(line) for line in lines), lines
     epochs = [EPOCH.match(line) for line in lines if EPOCH.match(line)]
     assert [int(m[1]) for m in epochs] == [1, 2]
-    assert all(int(m[3]) == int(m[5]) == 96 for m in epochs)
+    assert all(int(m[3]) == 96 for m in epochs)
     # Epoch means are Keras's; the error rate is 1 - accuracy.
     for m, loss, acc in zip(epochs, history.history["loss"], history.history["accuracy"], strict=True):
         assert float(m[2]) == pytest.approx(loss, abs=1e-6)
@@ -63,7 +69,7 @@ def test_lines_match_cntk_format_and_count_the_samples_trained(tmp_path):
     for text, m in zip(per_epoch, epochs, strict=True):
         intervals = [MINIBATCH.match(line) for line in re.findall(r"Minibatch\[[^;]*;", text)]
         assert [(int(i[1]), int(i[2])) for i in intervals] == [(1, 1), (2, 2), (3, 4), (5, 6)]
-        assert [int(i[4]) for i in intervals] == [16, 16, 32, 32] and [int(i[6]) for i in intervals] == [16, 16, 32, 32]
+        assert [int(i[4]) for i in intervals] == [16, 16, 32, 32]
         mean = sum(float(i[3]) * int(i[4]) for i in intervals) / 96
         assert mean == pytest.approx(float(m[2]), abs=2e-5)
 
@@ -153,10 +159,10 @@ def test_evaluation_lines(tmp_path):
     kfit.fit(classifier(), x, y, minibatch_size=16, epochs=1, seed=0, verbose=0,
              callbacks=[PublishEvaluations(), ProgressPrinter(freq=3, log_to_file=log)])
     lines = lines_of(log)
-    evaluations = [line for line in lines if line.startswith("Finished Evaluation")]
+    evaluations = [line for line in lines if line.startswith(("Finished Evaluation", "Finished Test"))]
     assert evaluations == [
-        "Finished Evaluation [1]: Minibatch[1-32]: metric = 8.11% * 1024;",
-        "Finished Evaluation [2]: Minibatch[1-313]: metric = 0.58% * 10000;",
+        "Finished Evaluation [val_index=0]: Minibatch[1-32]: val_loss = 0.500000 * 1024, 1 - val_accuracy = 8.11%;",
+        "Finished Test: Minibatch[1-313]: test_loss = 0.400000 * 10000, 1 - test_accuracy = 0.58%;",
     ]
     assert all(EVALUATION.match(line) for line in evaluations)
     # Cross-validation runs first in a step (order -10): its line precedes the interval ending at 48 samples.
@@ -172,12 +178,15 @@ def test_with_kfit_cross_validation_and_test(tmp_path):
         ProgressPrinter(log_to_file=log),
     ]
     history = kfit.fit(classifier(), x, y, minibatch_size=16, epochs=1, seed=0, verbose=0, callbacks=callbacks)
-    evaluations = [EVALUATION.match(line) for line in lines_of(log) if line.startswith("Finished Evaluation")]
-    assert all(evaluations) and [m[1] for m in evaluations] == ["1", "2", "3"]
-    assert [(m[2], m[4]) for m in evaluations] == [("3", "40"), ("3", "40"), ("3", "50")]
+    lines = lines_of(log)
+    evaluations = [EVALUATION.match(line) for line in lines if line.startswith(("Finished Evaluation", "Finished Test"))]
+    assert all(evaluations), lines
     results = callbacks[0].results
-    assert [float(m[3]) for m in evaluations[:2]] == [pytest.approx((1 - r["val_accuracy"]) * 100, abs=0.006) for r in results]
-    assert float(evaluations[2][3]) == pytest.approx((1 - history.history["test_accuracy"][0]) * 100, abs=0.006)
+    # The evaluation's number is its val_index, as in the logs, the CSV history and the callback's index.
+    assert [m[1] for m in evaluations] == ["0", "1", None] == [str(int(r["val_index"])) for r in results] + [None]
+    assert [(m[2], m[3]) for m in evaluations] == [("3", "40"), ("3", "40"), ("3", "50")]
+    assert [float(m[4]) for m in evaluations[:2]] == [pytest.approx((1 - r["val_accuracy"]) * 100, abs=0.006) for r in results]
+    assert float(evaluations[2][4]) == pytest.approx((1 - history.history["test_accuracy"][0]) * 100, abs=0.006)
 
 
 def test_log_file_appends_across_runs_with_tag(tmp_path, capsys):
@@ -205,10 +214,10 @@ def test_other_metrics_no_metric_and_learning_rate_per_minibatch(tmp_path):
     kfit.fit(plain, x, y, batch_size=16, epochs=1, verbose=0, callbacks=[ProgressPrinter(freq=1, log_to_file=log)])
     lines = [line for line in lines_of(log) if not SIZE.match(line)]
     assert lines[0] == "Learning rate per minibatch: 0.05"
-    assert re.match(r"^Minibatch\[   1-   1\]: loss = \d+\.\d{6} \* 16, metric = \d+\.\d{6} \* 16;$", lines[1])
-    assert re.match(r"^Finished Epoch\[1\]: loss = \d+\.\d{6} \* 32, metric = \d+\.\d{6} \* 32 \d+\.\d{3}s", lines[3])
+    assert re.match(r"^Minibatch\[   1-   1\]: loss = \d+\.\d{6} \* 16, mae = \d+\.\d{6};$", lines[1])
+    assert re.match(r"^Finished Epoch\[1\]: loss = \d+\.\d{6} \* 32, mae = \d+\.\d{6} \d+\.\d{3}s", lines[3])
     assert re.match(r"^Minibatch\[   1-   1\]: loss = \d+\.\d{6} \* 16;$", lines[4])
-    assert re.match(r"^Finished Epoch\[1\]: loss = \d+\.\d{6} \* 32 \d+\.\d{3}s \(\s*\d+\.\d samples/s\);$", lines[6])
+    assert re.match(r"^Finished Epoch\[1\]: loss = \d+\.\d{6} \* 32 \d+\.\d{3}s \(\s*\d+\.\d samples/s(; the first minibatch, compiling, took \d+\.\d{3}s)?\);$", lines[6])
 
 
 def test_only_the_chief_prints(tmp_path, monkeypatch, capsys):
@@ -276,7 +285,7 @@ def test_a_run_resumed_mid_interval_prints_what_an_uninterrupted_run_prints(tmp_
         return [line for line in lines_of(log) if MINIBATCH.match(line) or EPOCH.match(line)]
 
     def means(line):  # the line without its timing
-        return line.split(" * 96 ")[0] if EPOCH.match(line) else line
+        return re.sub(r" \d+\.\d{3}s \(.*\);$", "", line)
 
     whole = run("whole", [])
     checkpoint = str(tmp_path / "run.ckpt")
@@ -306,3 +315,52 @@ def test_no_batch_end_hook_without_minibatch_lines():
 def test_invalid_arguments_are_named(kwargs, name):
     with pytest.raises(ValueError, match=rf"`{name}`.*{name}="):
         ProgressPrinter(**kwargs)
+
+
+def test_every_value_is_labelled_with_its_keras_name(tmp_path):
+    """Two metrics and a validation set: the loss and every metric appear, each under Keras's name."""
+    x, y = data()
+    log = tmp_path / "progress.log"
+    model = classifier(metrics=("accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2, name="top2_accuracy")))
+    history = kfit.fit(model, x, y, minibatch_size=32, epochs=1, seed=0, verbose=0, validation_data=(x[:40], y[:40]),
+                       callbacks=[ProgressPrinter(freq=1, log_to_file=log),
+                                  ProgressPrinter(metric_is_pct=False, log_to_file=tmp_path / "plain.log")])
+    lines = lines_of(log)
+    assert re.match(r"^Minibatch\[   1-   1\]: loss = \d\.\d{6} \* 32, 1 - accuracy = \d+\.\d\d%, 1 - top2_accuracy = \d+\.\d\d%;$", lines[1]), lines
+    epoch = next(line for line in lines if line.startswith("Finished Epoch[1]"))
+    acc, top2 = history.history["accuracy"][0], history.history["top2_accuracy"][0]
+    assert epoch.startswith(f"Finished Epoch[1]: loss = {history.history['loss'][0]:.6f} * 96, "
+                            f"1 - accuracy = {(1 - acc) * 100:.2f}%, 1 - top2_accuracy = {(1 - top2) * 100:.2f}% ")
+    assert "metric" not in " ".join(lines)
+    plain = next(line for line in lines_of(tmp_path / "plain.log") if line.startswith("Finished Epoch[1]"))
+    assert f"accuracy = {acc:.6f}, top2_accuracy = {top2:.6f} " in plain
+
+
+def test_samples_per_second_after_a_resume_leave_out_the_compiling_minibatch(tmp_path):
+    """The first epoch of a resumed run: the restore and the compilation of the train step are not counted
+    as training time; the line says how long the first minibatch took."""
+    x, y = data(n=512)
+    path = str(tmp_path / "run.ckpt")
+    log = tmp_path / "progress.log"
+
+    class Crash(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                raise RuntimeError("crash")
+
+    def run(*extra):
+        callbacks = [ProgressPrinter(log_to_file=log), kfit.callbacks.Checkpoint(path, async_write=False), *extra]
+        return kfit.fit(classifier(), x, y, minibatch_size=16, epochs=3, seed=0, verbose=0, callbacks=callbacks)
+
+    with pytest.raises(RuntimeError):
+        run(Crash())
+    history = run()
+    epochs = [line for line in lines_of(log) if line.startswith("Finished Epoch")]
+    assert [line[:17] for line in epochs] == ["Finished Epoch[1]", "Finished Epoch[2]", "Finished Epoch[3]"]
+    resumed = re.search(r" (\d+\.\d{3})s \(\s*(\d+\.\d) samples/s; the first minibatch, compiling, took (\d+\.\d{3})s\);$", epochs[1])
+    assert resumed, epochs[1]
+    seconds, speed, first = float(resumed[1]), float(resumed[2]), float(resumed[3])
+    # 31 of the epoch's 32 minibatches ran after the first one, in (seconds - first) at most.
+    assert speed >= 496 / seconds
+    assert speed == pytest.approx(496 / max(seconds - first, 1e-3), rel=0.5)
+    assert history.epoch_summaries[-1].samples == 512

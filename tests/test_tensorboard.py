@@ -138,3 +138,19 @@ def test_only_the_chief_writes(tmp_path, monkeypatch):
 def test_invalid_arguments_are_named(kwargs, name):
     with pytest.raises(ValueError, match=rf"`{name}`.*{name}="):
         TensorBoardProgressWriter(**kwargs)
+
+
+def test_log_dir_comes_first_as_in_keras(tmp_path):
+    """``TensorBoardProgressWriter("runs/tb")`` as ``keras.callbacks.TensorBoard("runs/tb")``; CNTK's order too."""
+    x, y = data(n=32)
+    writer = TensorBoardProgressWriter(tmp_path / "tb", 1)
+    kfit.fit(classifier(), x, y, batch_size=16, epochs=1, verbose=0, callbacks=[writer])
+    assert (writer.log_dir, writer.freq) == (str(tmp_path / "tb"), 1)
+    assert len(os.listdir(tmp_path / "tb")) == 1
+    assert TensorBoardProgressWriter(str(tmp_path)).log_dir == str(tmp_path)
+    cntk_order = TensorBoardProgressWriter(5, str(tmp_path / "cntk"))
+    assert (cntk_order.log_dir, cntk_order.freq) == (str(tmp_path / "cntk"), 5)
+    keywords = TensorBoardProgressWriter(freq=5, log_dir=tmp_path)
+    assert (keywords.log_dir, keywords.freq) == (str(tmp_path), 5)
+    with pytest.raises(ValueError, match=r"log_dir=50\. For a frequency write freq=50\."):
+        TensorBoardProgressWriter(50)

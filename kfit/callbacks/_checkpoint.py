@@ -16,7 +16,7 @@ import keras
 
 from kfit.callbacks._base import PEERS_ATTRIBUTE, KfitCallback
 from kfit.checkpoint import CheckpointInfo, _format, _info, _state
-from kfit.checkpoint._format import CheckpointCorruptError, CheckpointError
+from kfit.checkpoint._format import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
 from kfit.clock import Clock, get_clock
 from kfit.training._context import get_context
 
@@ -100,6 +100,17 @@ class Checkpoint(KfitCallback):
     written on a background thread; the last write is finished before ``fit`` returns (and before the
     process exits).
 
+    Every checkpoint records where the run stands: ``running``, ``complete`` (it reached ``epochs`` or
+    ``max_samples``) or ``stopped`` and by what (early stopping and its monitor, a cross-validation callback
+    that returned False, a plateau controller, another callback setting ``model.stop_training``); ``kfit
+    inspect`` and ``kfit runs`` show it. A restore prints one line to stderr, ``kfit: resumed from FILE at
+    sample N (...)``. Rerunning a finished run trains nothing: it restores the final state, prints why
+    (``kfit: run already complete at sample N (stopped by EarlyStopping on val_loss); nothing to train...``)
+    and ``fit`` returns the restored history. To go on instead: raise ``epochs`` or ``max_samples`` beyond
+    the recorded end (a complete run continues to the new bound), or pass ``resume_finished=True`` (a
+    stopped run continues; the stop marks of kfit's controllers are cleared, their counters kept). To start
+    over: ``restore=False``, or delete the checkpoint files.
+
     Under plain ``model.fit`` the callback saves and restores everything it can reach (add a
     :class:`SampleClock` for sample frequencies); model.fit then goes on from the start of the saved epoch,
     not bit-identically. Put the Checkpoint last in model.fit's callbacks so it restores after the others
@@ -113,6 +124,8 @@ class Checkpoint(KfitCallback):
         keep: keep the newest ``keep`` checkpoints (``keep > 1`` names them by sample count).
         restore: at the start of training, resume from the newest intact checkpoint, if there is one.
         async_write: write files on a background thread (training stalls only for the copy to host memory).
+        resume_finished: continue a run that a callback stopped (early stopping, cross-validation), instead
+            of restoring its final state and training nothing.
         name: the callback's name.
 
     Raises:
@@ -137,6 +150,7 @@ class Checkpoint(KfitCallback):
         keep: int = 1,
         restore: bool = True,
         async_write: bool = True,
+        resume_finished: bool = False,
         name: str | None = None,
     ):
         super().__init__(name=name)
@@ -152,7 +166,7 @@ class Checkpoint(KfitCallback):
         from kfit.checkpoint import _check_keep
 
         _check_keep(keep, preserve_all)
-        for argument, value in (("restore", restore), ("async_write", async_write)):
+        for argument, value in (("restore", restore), ("async_write", async_write), ("resume_finished", resume_finished)):
             if not isinstance(value, bool):
                 raise ValueError(f"Invalid value for argument `{argument}`: expected True or False. Received: {argument}={value!r}")
         self.path = path
@@ -162,8 +176,15 @@ class Checkpoint(KfitCallback):
         self.keep = keep
         self.restore = restore
         self.async_write = async_write
+        self.resume_finished = resume_finished
         #: The checkpoint restored at the start of the last run (None when it started afresh).
         self.restored_from: CheckpointInfo | None = None
+        #: True when the last run restored a finished run and trained nothing.
+        self.finished_before = False
+        #: Set by whoever stops training to checkpoint and exit (a signal handler): the run is then recorded as
+        #: still running, so that a rerun resumes it.
+        self.interrupted = False
+        self._saved_status: str | None = None
         #: How many checkpoints the last run wrote.
         self.saves = 0
         self._writer = _BackgroundWriter()
@@ -201,6 +222,9 @@ class Checkpoint(KfitCallback):
         self._epochs_done = 0
         self._history_epochs = None
         self.restored_from = None
+        self.finished_before = False
+        self.interrupted = False
+        self._saved_status = None
         self.saves = 0
         if self.frequency is not None:
             self.clock  # noqa: B018  (a sample frequency needs the clock: raises a clear error without one)
@@ -280,6 +304,8 @@ class Checkpoint(KfitCallback):
             # or at the last step when training stopped mid-epoch) or nothing was trained after a restore.
             if self._steps_unsaved or (self.saves == 0 and self.restored_from is None):
                 self._save()
+            elif self.saves and self._saved_status != self._run_status()["status"]:
+                self._save()  # a callback stopped training after this one had saved the step: record the stop
             self._writer.wait()
         finally:
             if self._set_initial_epoch:
@@ -298,6 +324,8 @@ class Checkpoint(KfitCallback):
         parts = self._parts()
         # collect() syncs the loop's state into the variables on JAX (as self.model does): at save time only.
         arrays, meta = _state.collect(parts, self._buffers if self.async_write else None, epoch, logs)
+        meta["run"] = self._run_status()
+        self._saved_status = meta["run"]["status"]
         samples = meta["summary"]["samples"]
         if samples is None:  # plain model.fit without a SampleClock: number by epochs
             samples = self._epochs_done
@@ -327,7 +355,13 @@ class Checkpoint(KfitCallback):
                 damaged.append(str(damage))
                 continue
             # Under model.fit the metrics restart at each epoch: restoring them would only raise warnings.
-            restore = _state.plan_restore(parts, meta, arrays, file, metrics=parts.kfit_fit)
+            try:
+                restore = _state.plan_restore(parts, meta, arrays, file, metrics=parts.kfit_fit)
+            except CheckpointMismatchError as mismatch:
+                raise CheckpointMismatchError(
+                    f"{mismatch} To start over instead of resuming: pass restore=False to Checkpoint, or delete "
+                    f"{file!r}" + (" and its numbered twins" if len(files) > 1 else "") + "."
+                ) from None
             if not parts.kfit_fit:
                 self._for_model_fit(parts, restore)
             _state.apply_restore(parts, restore, meta, arrays)
@@ -336,11 +370,28 @@ class Checkpoint(KfitCallback):
             if damaged:
                 warnings.warn(" ".join(damaged) + f" Falling back to the previous intact checkpoint: resumed from "
                               f"{file!r} (sample {self.restored_from.samples}).", stacklevel=2)
+            self._resume_or_finish(self.restored_from)
             return
         raise CheckpointError(
             f"None of the checkpoints of {self.path!r} is intact: {' '.join(damaged)} Move them away to start "
             "afresh, or pass restore=False."
         )
+
+    def _run_status(self) -> dict:
+        from kfit.callbacks import _run_status
+
+        return _run_status.status(self._model, self._parts().callbacks, self.params, self._epochs_done, self.interrupted)
+
+    def _resume_or_finish(self, info: CheckpointInfo) -> None:
+        from kfit.callbacks import _run_status
+
+        restored_epoch = getattr(self._model, "_initial_epoch", None) if self._set_initial_epoch else info.epoch
+        self.finished_before = _run_status.resume_or_finish(self, info, restored_epoch)
+        context = get_context(self._model)
+        if self.finished_before and (context is None or not context.kfit_fit):
+            # model.fit checks stop_training only after a step: start it at its last epoch instead.
+            self._model._initial_epoch = (self.params or {}).get("epochs", restored_epoch)
+            self._set_initial_epoch = True
 
     def _for_model_fit(self, parts: _state.TrainingParts, restore: Any) -> None:
         """model.fit restarts an epoch from its first step: put the restored clock at the epoch's start."""

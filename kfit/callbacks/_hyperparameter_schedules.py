@@ -23,6 +23,15 @@ def _as_hyperparameter_schedule(schedule: Any, kind: str, default_factory: Any, 
     return default_factory(schedule)
 
 
+def _is_cut(clock: Clock, previous_size: int | None, model: Any) -> bool:
+    """Whether the minibatch about to be trained is shortened to end an epoch (or the run)."""
+    from kfit.callbacks._running_means import is_cut
+    from kfit.training._context import get_context
+
+    context = get_context(model)
+    return is_cut(clock, clock.minibatch_size, previous_size, getattr(context, "max_samples", None))
+
+
 class _HyperparameterSchedule(KfitCallback):
     """Sets one optimizer hyperparameter before every step from a schedule and the minibatch size."""
 
@@ -38,6 +47,10 @@ class _HyperparameterSchedule(KfitCallback):
         self._variable = None
         self._applied: float | None = None
         self._published: tuple | None = None
+        # The value of the last full minibatch, and its size: what the epoch's logs report (a minibatch
+        # shortened to end an epoch gets a smaller per-minibatch rate, which is not the rate in force).
+        self._logged: float | None = None
+        self._logged_size: int | None = None
 
     def _coerce(self, schedule: Any, argument: str) -> Any:
         raise NotImplementedError
@@ -85,6 +98,8 @@ class _HyperparameterSchedule(KfitCallback):
         self._variable = self._target_variable(optimizer)
         self._applied = None
         self._published = None
+        self._logged = None
+        self._logged_size = None
 
     def on_step_begin(self, clock: Clock) -> None:
         if clock.minibatch_size is None:
@@ -95,6 +110,8 @@ class _HyperparameterSchedule(KfitCallback):
         if value != self._applied:
             _backend.set_variable(self._model, self._variable, value)
             self._applied = value
+        if self._logged is None or not _is_cut(clock, self._logged_size, self._model):
+            self._logged, self._logged_size = value, clock.minibatch_size
         scheduled = float(schedule.value(samples, minibatches))
         if (value, scheduled) != self._published:
             # Published when either the applied or the scheduled value changes (a per-sample rate can
@@ -103,14 +120,15 @@ class _HyperparameterSchedule(KfitCallback):
             self.publish("on_hyperparameter_change", self.log_key, value, scheduled, schedule.unit)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if logs is not None and self._applied is not None:
-            logs[self.log_key] = self._applied
+        if logs is not None and self._logged is not None:
+            logs[self.log_key] = self._logged
 
     def get_state(self) -> dict[str, Any]:
         return {
             "resets": [
                 {"samples": s, "minibatches": m, "schedule": schedule.get_config()} for s, m, schedule in self._resets
-            ]
+            ],
+            "logged": None if self._logged is None else [self._logged, self._logged_size],
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -120,6 +138,8 @@ class _HyperparameterSchedule(KfitCallback):
             (int(r["samples"]), int(r["minibatches"]), schedules.from_config(r["schedule"])) for r in state.get("resets", [])
         ]
         self._applied = None
+        logged = state.get("logged")
+        self._logged, self._logged_size = (None, None) if logged is None else (float(logged[0]), int(logged[1]))
 
 
 class LearningRateSchedule(_HyperparameterSchedule):

@@ -11,9 +11,9 @@ from typing import Any
 from kfit import distributed
 from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._running_means import (
+    HYPERPARAMETER_KEYS,
     IntervalMeans,
     ScheduledValues,
-    first_metric_key,
     is_due,
     to_float,
     without_step_end,
@@ -28,6 +28,13 @@ def _is_accuracy(key: str) -> bool:
         if key.startswith(prefix):
             key = key[len(prefix):]
     return key == "acc" or key.endswith("accuracy")
+
+
+def training_keys(logs: Any) -> list[str]:
+    """The values a training line shows, in Keras's order: the loss first, then every compiled metric
+    (not the validation results, the hyperparameters or the counts)."""
+    keys = [k for k in logs if not k.startswith(("val_", "test_")) and k not in HYPERPARAMETER_KEYS and k != "samples"]
+    return sorted(keys, key=lambda k: k != "loss")
 
 
 def hyperparameter_line(name: str, value: float, scheduled: float, unit: str) -> str:
@@ -48,26 +55,32 @@ def hyperparameter_line(name: str, value: float, scheduled: float, unit: str) ->
 class ProgressPrinter(KfitCallback):
     """Prints CNTK's progress lines to stderr or to a file.
 
-    Lines, as CNTK writes them::
+    Lines, as CNTK writes them, with every value named as Keras names it::
 
         Learning rate per 1 samples: 0.001
         Momentum per 1 samples: 0.9990239141819757
         Minibatch size: 64
-        Minibatch[   1-  10]: loss = 0.352425 * 640, metric = 35.24% * 640;
-        Finished Epoch[3]: loss = 0.089973 * 54000, metric = 2.62% * 54000 2.329s (23185.9 samples/s);
-        Finished Evaluation [1]: Minibatch[1-32]: metric = 8.11% * 1024;
+        Minibatch[   1-  10]: loss = 0.352425 * 640, 1 - accuracy = 35.24%;
+        Finished Epoch[3]: loss = 0.089973 * 54000, 1 - accuracy = 2.62%, mae = 0.101234 2.329s (23185.9 samples/s);
+        Finished Evaluation [val_index=0]: Minibatch[1-32]: val_loss = 0.260011 * 1024, 1 - val_accuracy = 8.11%;
+        Finished Test: Minibatch[1-313]: test_loss = 0.020153 * 10000, 1 - test_accuracy = 0.58%;
 
     A ``Minibatch[a-b]`` line gives the means over minibatches ``a`` to ``b`` of the epoch (numbered from 1
     in each epoch), computed from Keras's running means at the interval's ends: only those steps
-    convert the logs (a device sync). ``Finished Epoch[k]`` (1-based) gives the epoch's means, the samples
-    the clock counted in it, its wall time and the samples trained per second. ``Finished Evaluation [k]``
-    follows each cross-validation and the final test (counted together, as CNTK does). The learning rate,
-    momentum and minibatch size get a line whenever they change (a minibatch shortened to end an epoch is
-    not a change).
+    convert the logs (a device sync). ``Finished Epoch[k]`` (1-based, as Keras's progress bar counts) gives
+    the epoch's means, the samples the clock counted in it, its wall time and the samples trained per
+    second. The first minibatch of a run (fresh or resumed) compiles the train step; when the epoch has more,
+    samples/s is measured after it and the line says how long it took
+    (``(23185.9 samples/s; the first minibatch, compiling, took 1.912s)``). ``Finished Evaluation
+    [val_index=k]`` follows each cross-validation (``k`` counts from 0, as ``val_index`` in the logs and
+    the CSV history and ``index`` in the cross-validation callback); ``Finished Test`` the final test. The
+    learning rate, momentum and minibatch size get a line whenever they change (a minibatch shortened to
+    end an epoch is not a change).
 
-    "metric" is the first compiled metric. With ``metric_is_pct`` and an accuracy metric the line shows
-    the error rate ``(1 - accuracy) * 100%`` (CNTK's classification error); any other metric, or any
-    metric with ``metric_is_pct=False``, is shown as is with six decimals. Only the chief worker prints.
+    Every value is labelled with its Keras name: the loss, then each compiled metric. With
+    ``metric_is_pct`` an accuracy metric is shown as CNTK's classification error, labelled
+    ``1 - accuracy`` (in %); any other metric, or any metric with ``metric_is_pct=False``, is shown as is
+    with six decimals. Only the chief worker prints.
 
     Args:
         freq: a ``Minibatch`` line every ``freq`` minibatches; 0: at geometrically growing intervals of 1, 2,
@@ -127,7 +140,9 @@ class ProgressPrinter(KfitCallback):
         self.metric_is_pct = metric_is_pct
         self._intervals = IntervalMeans()
         self._evaluations = 0
-        self._metric_key: str | None = None
+        self._keys: list[str] | None = None
+        self._first_step: tuple[float, int] | None = None  # (time, samples) when the run's first step ended
+        self._steps = 0
         self._announced = False
         self._shown: dict[str, str] = {}
         self._scheduled = ScheduledValues()
@@ -148,18 +163,16 @@ class ProgressPrinter(KfitCallback):
             with open(self.log_to_file, "a", encoding="utf-8") as f:
                 f.write(line + "\n")
 
-    def _metric(self, key: str, value: float, count: int | None) -> str:
-        times = "" if count is None else f" * {count}"
+    def _value(self, key: str, value: float) -> str:
         if self.metric_is_pct and _is_accuracy(key):
-            return f"metric = {(1.0 - value) * 100.0:.2f}%{times}"
-        return f"metric = {value:.6f}{times}"
+            return f"1 - {key} = {(1.0 - value) * 100.0:.2f}%"
+        return f"{key} = {value:.6f}"
 
-    def _summary(self, means: dict[str, float], count: int) -> str:
-        parts = []
-        if "loss" in means:
-            parts.append(f"loss = {means['loss']:.6f} * {count}")
-        if self._metric_key is not None and self._metric_key in means:
-            parts.append(self._metric(self._metric_key, means[self._metric_key], count))
+    def _summary(self, means: dict[str, float], count: int | None, keys: list[str]) -> str:
+        """``loss = 0.35 * 640, 1 - accuracy = 35.24%, mae = 0.101234``: the count once, after the first value."""
+        parts = [self._value(k, means[k]) for k in keys if k in means]
+        if parts and count is not None:
+            parts[0] += f" * {count}"
         return ", ".join(parts)
 
     # -- hooks -----------------------------------------------------------------------------------
@@ -173,6 +186,8 @@ class ProgressPrinter(KfitCallback):
                 self._announced = True
         self._shown = {}
         self._scheduled.reset()
+        self._first_step = None
+        self._steps = 0
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         clock = self.clock
@@ -181,50 +196,59 @@ class ProgressPrinter(KfitCallback):
         self._epoch_samples = clock.samples
 
     def on_step_begin(self, clock: Clock) -> None:
+        self._steps += 1
+        if self._steps == 2:  # the run's first step, which compiled the train step, has returned
+            self._first_step = (time.perf_counter(), clock.samples)
         if self._scheduled.observe_size(clock, self.training_model):
             self.log(f"Minibatch size: {clock.minibatch_size}")
 
     def on_step_end(self, clock: Clock, logs: dict | None) -> None:
         if not is_due(self._intervals.index(clock), self.freq, self.first) or not distributed.is_chief():
             return
-        if self._metric_key is None and logs:
-            self._metric_key = first_metric_key(logs)
-        interval = self._intervals.interval(clock, logs, ["loss", self._metric_key] if self._metric_key else ["loss"])
-        self.log(f"Minibatch[{interval.first:4d}-{interval.last:4d}]: {self._summary(interval.means, interval.samples)};")
+        if self._keys is None and logs:
+            self._keys = training_keys(logs)
+        interval = self._intervals.interval(clock, logs, self._keys or ["loss"])
+        self.log(f"Minibatch[{interval.first:4d}-{interval.last:4d}]: {self._summary(interval.means, interval.samples, self._keys or ['loss'])};")
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         logs = logs or {}
-        if self._metric_key is None:
-            self._metric_key = first_metric_key(logs)
+        if self._keys is None:
+            self._keys = training_keys(logs)
         clock = self.clock
-        seconds = time.perf_counter() - self._epoch_time
+        now = time.perf_counter()
+        seconds = now - self._epoch_time
         speed = (clock.samples - self._epoch_samples) / seconds if seconds > 0 else 0.0
+        note = ""
+        if self._first_step is not None and self._first_step[0] >= self._epoch_time:
+            # The run's first step (compiling) is in this epoch: measure the speed after it.
+            start_time, start_samples = self._first_step
+            if now > start_time and clock.samples > start_samples:
+                speed = (clock.samples - start_samples) / (now - start_time)
+                note = f"; the first minibatch, compiling, took {start_time - self._epoch_time:.3f}s"
         means = {k: v for k, v in ((k, to_float(v)) for k, v in logs.items()) if v is not None}
-        summary = self._summary(means, self._intervals.samples(clock))
-        self.log(f"Finished Epoch[{epoch + 1}]: {summary + ' ' if summary else ''}{seconds:.3f}s ({speed:5.1f} samples/s);")
+        summary = self._summary(means, self._intervals.samples(clock), self._keys)
+        self.log(f"Finished Epoch[{epoch + 1}]: {summary + ' ' if summary else ''}{seconds:.3f}s ({speed:5.1f} samples/s{note});")
 
-    def _evaluation(self, prefix: str, logs: dict) -> None:
+    def _evaluation(self, prefix: str, logs: dict, title: str) -> None:
         self._evaluations += 1
         samples, minibatches = logs.get(f"{prefix}samples"), logs.get(f"{prefix}minibatches")
         count = None if samples is None else int(samples)
-        if self._metric_key is None:  # an evaluation before the first progress line
-            named = [k[len(prefix):] for k in logs if k.startswith(prefix)]
-            self._metric_key = first_metric_key(k for k in named if k not in _EVALUATION_COUNTS)
-        for key in ([prefix + self._metric_key] if self._metric_key else []) + [f"{prefix}loss", f"{prefix}average_error"]:
-            value = to_float(logs[key]) if key in logs else None
-            if value is not None:
-                metric = self._metric(key, value, count)
-                break
-        else:
-            metric = "metric = nan" + ("" if count is None else f" * {count}")
+        counts = {prefix + k for k in _EVALUATION_COUNTS}
+        keys = [k for k in logs if k.startswith(prefix) and k not in counts]
+        keys = sorted(keys, key=lambda k: k != f"{prefix}loss")
+        means = {k: v for k, v in ((k, to_float(logs[k])) for k in keys) if v is not None}
+        if not means and f"{prefix}average_error" in logs:  # nothing else to show
+            keys = [f"{prefix}average_error"]
+            means = {keys[0]: to_float(logs[keys[0]])}
+        summary = self._summary(means, count, keys) or "no results"
         span = "" if minibatches is None else f"Minibatch[1-{int(minibatches)}]: "
-        self.log(f"Finished Evaluation [{self._evaluations}]: {span}{metric};")
+        self.log(f"{title}: {span}{summary};")
 
     def on_cross_validation_end(self, index: int, logs: dict) -> None:
-        self._evaluation("val_", logs)
+        self._evaluation("val_", logs, f"Finished Evaluation [val_index={index}]")
 
     def on_final_test_end(self, logs: dict) -> None:
-        self._evaluation("test_", logs)
+        self._evaluation("test_", logs, "Finished Test")
 
     def on_hyperparameter_change(self, name: str, value: float, scheduled: float, unit: str) -> None:
         if self._scheduled.is_cut_step(self.clock, self.training_model):

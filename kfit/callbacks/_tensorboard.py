@@ -119,9 +119,12 @@ class TensorBoardProgressWriter(KfitCallback):
     so a resumed run replaces the points that it trains again. Needs neither TensorFlow nor TensorBoard
     to write; view with ``tensorboard --logdir LOG_DIR``. Only the chief worker writes.
 
+    The first argument is ``log_dir``, as in ``keras.callbacks.TensorBoard``. CNTK's positional order
+    ``TensorBoardProgressWriter(freq, log_dir)`` is recognised too (a number, then a path).
+
     Args:
-        freq: also write minibatch-level scalars every ``freq`` minibatches (a positive integer), or None.
         log_dir: the directory of the event files (created if missing).
+        freq: also write minibatch-level scalars every ``freq`` minibatches (a positive integer), or None.
         name: the key of this callback's state in checkpoints.
 
     Raises:
@@ -129,20 +132,29 @@ class TensorBoardProgressWriter(KfitCallback):
 
     Example:
         >>> import kfit
-        >>> writer = kfit.callbacks.TensorBoardProgressWriter(freq=10, log_dir="logs/run1")
+        >>> writer = kfit.callbacks.TensorBoardProgressWriter("logs/run1", freq=10)
+        >>> writer.log_dir, writer.freq
+        ('logs/run1', 10)
+        >>> kfit.callbacks.TensorBoardProgressWriter(10, "logs/run1").log_dir  # CNTK's order
+        'logs/run1'
         >>> # kfit.fit(model, x, y, minibatch_size=64, callbacks=[writer])
     """
 
     default_name = "tensorboard_progress_writer"
 
-    def __init__(self, freq: int | None = None, log_dir: str | os.PathLike = ".", name: str | None = None):
+    def __init__(self, log_dir: str | os.PathLike = ".", freq: int | None = None, name: str | None = None):
         super().__init__(name=name)
+        if isinstance(log_dir, int) and not isinstance(log_dir, bool) and isinstance(freq, (str, os.PathLike)):
+            log_dir, freq = freq, log_dir  # CNTK's order: (freq, log_dir)
         if freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 1):
             raise ValueError(
                 f"Invalid value for argument `freq`: expected a positive integer (minibatches) or None. Received: freq={freq!r}"
             )
         if not isinstance(log_dir, (str, os.PathLike)):
-            raise ValueError(f"Invalid value for argument `log_dir`: expected a path. Received: log_dir={log_dir!r}")
+            raise ValueError(
+                f"Invalid value for argument `log_dir`: expected a path (the first argument, as in keras.callbacks.TensorBoard). "
+                f"Received: log_dir={log_dir!r}" + (f". For a frequency write freq={log_dir!r}." if isinstance(log_dir, int) else "")
+            )
         self.freq = freq
         self.log_dir = os.fspath(log_dir)
         self._writer: EventFileWriter | None = None

@@ -29,7 +29,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from kfit.checkpoint import _format, _state
+from kfit.checkpoint import _format
 from kfit.checkpoint._format import (
     FORMAT_VERSION,
     CheckpointCorruptError,
@@ -37,6 +37,11 @@ from kfit.checkpoint._format import (
     CheckpointMismatchError,
     CheckpointNotFoundError,
 )
+
+# The variable groups of a checkpoint (as kfit.checkpoint._state.GROUPS). The reading functions here need only
+# h5py and NumPy; _state, which imports Keras, is imported by the functions that save and restore, so that
+# ``kfit inspect`` starts fast.
+GROUPS = ("model", "optimizer", "metrics")
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,10 @@ class CheckpointInfo:
         variables: every stored variable.
         optimizer: the optimizer's class name.
         kfit_fit: True when saved inside ``kfit.fit`` (exact mid-epoch resume possible).
+        status: where the run stood when the file was written: ``"running"``, ``"complete"`` (it reached
+            its ``epochs`` or ``max_samples``) or ``"stopped"`` (a callback stopped it); None for files
+            written before kfit recorded it.
+        status_reason: why it ended (``"reached epochs=50"``, ``"stopped by EarlyStopping on val_loss"``).
         checksum_ok: True when every stored byte matched its checksum, None when not checked.
         problem: what is wrong with the file when ``checksum_ok`` is False.
     """
@@ -83,8 +92,18 @@ class CheckpointInfo:
     variables: list[VariableInfo] = field(default_factory=list)
     optimizer: str | None = None
     kfit_fit: bool = False
+    status: str | None = None
+    status_reason: str | None = None
     checksum_ok: bool | None = None
     problem: str | None = None
+
+    def status_text(self) -> str:
+        """The status in words: ``running``, ``complete (reached epochs=50)``, ``stopped by ...``."""
+        if self.status is None:
+            return "unknown (written by an older kfit)"
+        if self.status == "stopped" and self.status_reason:
+            return self.status_reason if self.status_reason.startswith("stopped") else f"stopped: {self.status_reason}"
+        return self.status + (f" ({self.status_reason})" if self.status_reason else "")
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (for ``kfit inspect --json``)."""
@@ -97,7 +116,7 @@ def _info(path: str, meta: dict, checksum_ok: bool | None, problem: str | None =
     summary = meta.get("summary", {})
     shapes = {entry["name"]: entry for entry in meta["arrays"]}
     variables = []
-    for group in _state.GROUPS:
+    for group in GROUPS:
         for i, variable_path in enumerate(meta["variables"].get(group, [])):
             entry = shapes[f"{group}/{i}"]
             variables.append(VariableInfo(group, variable_path, tuple(entry["shape"]), entry["dtype"]))
@@ -110,6 +129,7 @@ def _info(path: str, meta: dict, checksum_ok: bool | None, problem: str | None =
         minibatch_size=summary.get("minibatch_size"), hyperparameters=summary.get("hyperparameters", {}),
         last_metrics=summary.get("last_metrics", {}), variables=variables,
         optimizer=None if optimizer is None else optimizer["class"], kfit_fit=bool(meta.get("kfit_fit")),
+        status=meta.get("run", {}).get("status"), status_reason=meta.get("run", {}).get("reason"),
         checksum_ok=checksum_ok, problem=problem,
     )
 
@@ -154,6 +174,8 @@ def save_checkpoint(
         >>> # kfit.save_checkpoint("run.ckpt", model, clock=clock, stream=stream, callbacks=[early_stopping])
     """
     _check_keep(keep, preserve_all)
+    from kfit.checkpoint import _state
+
     path = os.fspath(path)
     _make_directory(path)
     parts = _state.training_parts(model, clock, stream, callbacks, history)
@@ -196,6 +218,8 @@ def load_checkpoint(
         >>> # model = build_model(); model.compile(...); model.build(input_shape)
         >>> # info = kfit.load_checkpoint("run.ckpt", model, clock=clock); info.samples
     """
+    from kfit.checkpoint import _state
+
     path = os.fspath(path)
     parts = _state.training_parts(model, clock, stream, callbacks, history)
     meta, arrays = _format.read_file(path)

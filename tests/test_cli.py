@@ -1,0 +1,129 @@
+"""The ``kfit`` command line as a user runs it: ``inspect --json``, ``runs``, ``plot`` errors, escaped output,
+and a start that imports neither Keras nor a backend. (``kfit runs`` over real runs: test_run_status.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import kfit
+from kfit.cli import main as cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A finished run's checkpoint (2 epochs of 32 samples)."""
+    path = tmp_path_factory.mktemp("cli") / "model.ckpt"
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="dense")])
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(learning_rate=0.01), loss="mse", metrics=["mae"])
+    x, y = np.ones((32, 3), "float32"), np.zeros((32, 2), "float32")
+    kfit.fit(model, x, y, minibatch_size=8, epochs=2, seed=0, verbose=0,
+             callbacks=[kfit.callbacks.Checkpoint(path, async_write=False)])
+    return str(path)
+
+
+def test_inspect_json_is_plain_data_with_the_run_status(checkpoint, capsys):
+    assert cli(["inspect", checkpoint, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["path"] == checkpoint and info["checksum_ok"] is True and info["problem"] is None
+    assert (info["samples"], info["epoch"], info["minibatches"], info["epoch_size"]) == (64, 2, 8, 32)
+    assert (info["status"], info["status_reason"]) == ("complete", "reached epochs=2")
+    assert info["optimizer"] == "MomentumSGD" and info["kfit_fit"] is True
+    assert info["backend"] == keras.backend.backend()
+    kernel = [v for v in info["variables"] if v["path"].endswith("dense/kernel")]
+    assert kernel == [{"group": "model", "path": kernel[0]["path"], "shape": [3, 2], "dtype": "float32"}]
+    assert set(info["last_metrics"]) >= {"loss", "mae"}
+
+
+def test_inspect_text_shows_the_status(checkpoint, capsys):
+    assert cli(["inspect", checkpoint]) == 0
+    out = capsys.readouterr().out
+    assert "run status:      complete (reached epochs=2)\n" in out
+    assert "checksum:        ok\n" in out
+
+
+def test_inspect_json_of_a_damaged_file(tmp_path, capsys):
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(b"not hdf5 at all")
+    assert cli(["inspect", str(bad), "--json"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"path": str(bad), "checksum_ok": False,
+                                        "problem": json.loads(captured.out)["problem"]}
+    assert "is not a readable HDF5 file" in json.loads(captured.out)["problem"]
+    assert captured.err.startswith("kfit inspect: ")
+
+
+def test_control_characters_from_files_are_escaped(tmp_path, checkpoint, capsys):
+    """A file name (or anything read from a file) cannot clear the screen or forge a line of output."""
+    name = tmp_path / "evil\x1b[2J\rok.ckpt"
+    name.write_bytes(Path(checkpoint).read_bytes())
+    assert cli(["inspect", str(name)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out
+    assert "evil\\x1b[2J\\rok.ckpt" in out
+    assert cli(["runs", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "evil\\x1b[2J\\rok.ckpt" in out
+    damaged = tmp_path / "bad\x07.ckpt"
+    damaged.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\x00" * 100)
+    assert cli(["runs", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "\x07" not in captured.out + captured.err and "bad\\x07.ckpt" in captured.err
+
+
+def test_runs_of_an_empty_or_missing_directory(tmp_path, capsys):
+    assert cli(["runs", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"No kfit checkpoints under {tmp_path}.\n"
+    assert cli(["runs", str(tmp_path / "nowhere")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"kind,samples,loss\nepoch,10,0.5\xff\xfe\n", "is not UTF-8 text (byte 0xff at offset 30)"),
+    (b"", "is empty"),
+    (b"epoch,loss\n1,0.5\n", "has no `samples` column"),
+])
+def test_plot_errors_are_one_line_not_a_traceback(tmp_path, capsys, content, message):
+    history = tmp_path / "history.csv"
+    history.write_bytes(content)
+    assert cli(["plot", str(history), "-o", str(tmp_path / "out.png")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"kfit plot: {history} ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "out.png").exists()
+
+
+def test_plot_of_a_missing_file(tmp_path, capsys):
+    assert cli(["plot", str(tmp_path / "none.csv"), "-o", str(tmp_path / "out.png")]) == 1
+    assert capsys.readouterr().err == f"kfit plot: no such file: {tmp_path / 'none.csv'}\n"
+
+
+def test_the_cli_imports_neither_keras_nor_a_backend(checkpoint):
+    """``import kfit`` is lazy (PEP 562): the command line reads a checkpoint with h5py and NumPy alone."""
+    code = (
+        "import sys, kfit, kfit.cli\n"
+        f"status = kfit.cli.main(['inspect', {checkpoint!r}, '--json'])\n"
+        "heavy = sorted(m for m in ('keras', 'tensorflow', 'jax', 'torch') if m in sys.modules)\n"
+        "print('HEAVY', heavy, status)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[-1] == "HEAVY [] 0"
+
+
+def test_lazy_names_still_work():
+    assert kfit.fit is kfit.training.fit and kfit.Clock is kfit.clock.Clock
+    assert kfit.load_checkpoint is kfit.checkpoint.load_checkpoint
+    assert {"callbacks", "fit", "schedules"} <= set(dir(kfit))
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        kfit.nothing  # noqa: B018

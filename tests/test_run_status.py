@@ -1,0 +1,239 @@
+"""What a rerun says and does: resumed runs print where they resume, finished runs stay finished.
+
+Each test runs training, then reruns it as a user (or a scheduler that requeues the job) would, and checks
+what the user sees: the line on stderr, the weights and the history returned, the status `kfit inspect`
+shows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import keras
+import pytest
+
+import kfit
+from kfit.checkpoint import CheckpointMismatchError, read_checkpoint_info
+from tests.helpers import assert_same_weights, classification_data, mlp
+
+
+def make_model(hidden: int = 8, learning_rate: float = 0.05):
+    model = mlp(features=4, outputs=3, hidden=hidden)
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(learning_rate=learning_rate),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return model
+
+
+class StepCounter(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+
+
+class FailAtEpoch(keras.callbacks.Callback):
+    """Stands for a crash: raises at the start of epoch ``epoch`` (after the checkpoint of the one before)."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise RuntimeError("crash")
+
+
+X, Y = classification_data(64)
+
+
+def train(path, epochs=2, callbacks=(), hidden=8, **checkpoint_args):
+    model = make_model(hidden)
+    counter = StepCounter()
+    checkpoint = kfit.callbacks.Checkpoint(path, **checkpoint_args)
+    history = kfit.fit(model, X, Y, minibatch_size=16, epochs=epochs, seed=0, verbose=0,
+                       callbacks=[*callbacks, checkpoint, counter])
+    return model, history, counter, checkpoint
+
+
+def test_a_rerun_of_a_complete_run_trains_nothing_and_says_why(tmp_path, capsys):
+    path = str(tmp_path / "run.ckpt")
+    first, history, counter, _ = train(path)
+    assert counter.steps == 8
+    assert read_checkpoint_info(path).status_text() == "complete (reached epochs=2)"
+    capsys.readouterr()
+
+    again, rerun, counter, checkpoint = train(path)
+    err = capsys.readouterr().err
+    assert counter.steps == 0
+    assert f"kfit: run already complete at sample 128 (reached epochs=2); nothing to train. Restored its final state from {path}." in err
+    assert f"Pass restore=False or delete {path} to start over, or raise epochs or max_samples to continue it." in err
+    assert "resumed from" not in err
+    assert checkpoint.finished_before
+    assert_same_weights(first, again)  # the final state is returned
+    assert rerun.history["loss"] == history.history["loss"]
+    assert [s.samples for s in rerun.epoch_summaries] == [64, 64]
+
+
+def test_raising_epochs_continues_a_complete_run(tmp_path, capsys):
+    path = str(tmp_path / "run.ckpt")
+    train(path)
+    capsys.readouterr()
+    _, history, counter, _ = train(path, epochs=3)
+    err = capsys.readouterr().err
+    assert counter.steps == 4
+    assert re.search(rf"kfit: resumed from {re.escape(path)} at sample 128 \(end of epoch 2; written \S+\); the run was "
+                     r"complete \(reached epochs=2\): going on to the new end", err), err
+    assert len(history.history["loss"]) == 3
+    assert read_checkpoint_info(path).status_text() == "complete (reached epochs=3)"
+
+
+def test_an_interrupted_run_resumes_and_says_where(tmp_path, capsys):
+    path = str(tmp_path / "run.ckpt")
+    with pytest.raises(RuntimeError, match="crash"):
+        train(path, epochs=3, callbacks=[FailAtEpoch(1)], async_write=False)
+    info = read_checkpoint_info(path)
+    assert (info.status, info.samples) == ("running", 64)
+    capsys.readouterr()
+    _, history, counter, _ = train(path, epochs=3)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("kfit:")]
+    assert len(lines) == 1
+    assert re.fullmatch(rf"kfit: resumed from {re.escape(path)} at sample 64 \(end of epoch 1; written "
+                        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00\)", lines[0]), lines
+    assert counter.steps == 8 and len(history.history["loss"]) == 3
+
+
+def test_a_rerun_of_an_early_stopped_run_trains_nothing_and_says_why(tmp_path, capsys):
+    path = str(tmp_path / "run.ckpt")
+
+    def stopper():  # val_loss cannot improve by 10 per evaluation: stops after patience=1 evaluations
+        return kfit.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=10.0)
+
+    cv = kfit.callbacks.CrossValidation((X[:32], Y[:32]), frequency=32, minibatch_size=16)
+    first, history, counter, _ = train(path, epochs=20, callbacks=[cv, stopper()])
+    assert counter.steps < 80
+    info = read_checkpoint_info(path)
+    assert info.status == "stopped" and info.status_text() == "stopped by EarlyStopping on val_loss"
+    capsys.readouterr()
+
+    cv = kfit.callbacks.CrossValidation((X[:32], Y[:32]), frequency=32, minibatch_size=16)
+    again, rerun, counter, _ = train(path, epochs=20, callbacks=[cv, stopper()])
+    err = capsys.readouterr().err
+    assert counter.steps == 0
+    assert (f"kfit: run already complete at sample {info.samples} (stopped by EarlyStopping on val_loss); nothing "
+            f"to train. Restored its final state from {path}. Pass restore=False or delete {path} to start over, "
+            "or pass Checkpoint(..., resume_finished=True) to continue it.") in err
+    assert_same_weights(first, again)
+    assert rerun.history["loss"] == history.history["loss"]
+
+    # resume_finished=True goes on training (and the early stopping can stop it again)
+    cv = kfit.callbacks.CrossValidation((X[:32], Y[:32]), frequency=32, minibatch_size=16)
+    _, _, counter, _ = train(path, epochs=20, callbacks=[cv, stopper()], resume_finished=True)
+    err = capsys.readouterr().err
+    assert counter.steps > 0
+    assert "it had stopped by EarlyStopping on val_loss: going on (resume_finished=True)" in err
+
+
+def test_a_cross_validation_stop_is_recorded_and_kept(tmp_path, capsys):
+    path = str(tmp_path / "run.ckpt")
+
+    def enough(index, average_error, samples, minibatches):
+        return index < 2  # False at the third evaluation: stop
+
+    def callbacks():
+        return [kfit.callbacks.CrossValidation((X[:32], Y[:32]), frequency=32, minibatch_size=16, callback=enough)]
+
+    _, _, counter, _ = train(path, epochs=10, callbacks=callbacks())
+    assert counter.steps == 6
+    reason = "stopped by the cross-validation callback enough, which returned False at val_index 2"
+    assert read_checkpoint_info(path).status_text() == reason
+    capsys.readouterr()
+    _, _, counter, _ = train(path, epochs=10, callbacks=callbacks())
+    assert counter.steps == 0
+    assert f"kfit: run already complete at sample 96 ({reason}); nothing to train." in capsys.readouterr().err
+
+
+def test_a_mismatch_says_how_to_start_over(tmp_path):
+    path = str(tmp_path / "run.ckpt")
+    train(path, epochs=1)
+    with pytest.raises(CheckpointMismatchError, match=r"To start over instead of resuming: pass restore=False to Checkpoint, or delete"):
+        train(path, epochs=2, hidden=5)
+
+
+def test_model_fit_rerun_of_a_complete_run_trains_nothing(tmp_path, capsys):
+    path = str(tmp_path / "run.ckpt")
+
+    def run():
+        model = make_model()
+        counter = StepCounter()
+        with pytest.warns(UserWarning) if (tmp_path / "run.ckpt").exists() else _nothing():
+            model.fit(X, Y, batch_size=16, epochs=2, verbose=0, shuffle=False,
+                      callbacks=[counter, kfit.callbacks.Checkpoint(path, async_write=False)])
+        return model, counter
+
+    first, counter = run()
+    assert counter.steps == 8
+    assert read_checkpoint_info(path).status_text() == "complete (reached epochs=2)"
+    capsys.readouterr()
+    again, counter = run()
+    assert counter.steps == 0
+    assert "kfit: run already complete at the end of epoch 2 (reached epochs=2); nothing to train." in capsys.readouterr().err
+    assert_same_weights(first, again)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_kfit_runs_lists_status_and_integrity(tmp_path, capsys):
+    from kfit.cli import main as cli
+
+    train(str(tmp_path / "a" / "model.ckpt"), preserve_all=True)
+    with pytest.raises(RuntimeError):
+        train(str(tmp_path / "b.ckpt"), epochs=3, callbacks=[FailAtEpoch(1)], async_write=False)
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    damaged = tmp_path / "c.ckpt"
+    damaged.write_bytes((tmp_path / "b.ckpt").read_bytes()[:2000])
+    capsys.readouterr()
+    assert cli(["runs", str(tmp_path)]) == 1  # one file is damaged
+    out = capsys.readouterr()
+    rows = [line.split() for line in out.out.splitlines()]
+    assert rows[0] == ["FILE", "SAMPLES", "EPOCH", "STATUS", "INTEGRITY", "WRITTEN"]
+    by_file = {row[0]: row for row in rows[1:]}
+    assert set(by_file) == {"a/model.ckpt", "a/model.ckpt.64", "a/model.ckpt.128", "b.ckpt", "c.ckpt"}
+    assert by_file["a/model.ckpt"][1:6] == ["128", "2", "complete", "(reached", "epochs=2)"]
+    assert by_file["a/model.ckpt"][6] == "ok"
+    assert by_file["a/model.ckpt.64"][1:4] == ["64", "1", "running"]
+    assert by_file["b.ckpt"][1:5] == ["64", "1", "running", "ok"]
+    assert by_file["c.ckpt"][1:5] == ["-", "-", "-", "DAMAGED"]
+    assert "c.ckpt: The checkpoint" in out.err
+
+    assert cli(["runs", str(tmp_path / "a"), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(r["path"].rsplit("/", 1)[-1], r["samples"], r["status"], r["intact"]) for r in listed] == [
+        ("model.ckpt", 128, "complete", True), ("model.ckpt.64", 64, "running", True), ("model.ckpt.128", 128, "complete", True)]
+
+
+def test_a_changed_learning_rate_is_said_on_resume(tmp_path, capsys):
+    path = str(tmp_path / "run.ckpt")
+
+    def schedule(rate):
+        return kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(rate))
+
+    with pytest.raises(RuntimeError):
+        train(path, epochs=3, callbacks=[schedule(0.001), FailAtEpoch(1)], async_write=False)
+    capsys.readouterr()
+    with pytest.raises(RuntimeError):
+        train(path, epochs=3, callbacks=[schedule(0.001), FailAtEpoch(2)], async_write=False)
+    assert "kfit: note" not in capsys.readouterr().err  # the same schedule: nothing to say
+    train(path, epochs=4, callbacks=[schedule(0.002)])
+    err = capsys.readouterr().err
+    assert ("kfit: note: the learning rate schedule differs from the one the run trained with: it gives 0.032 for "
+            "the checkpoint's last minibatch, which trained with 0.016. Training goes on with this script's schedule.") in err
