@@ -217,6 +217,25 @@ def declare_epoch_steps(steps: int) -> None:
             return
 
 
+def global_seed_state() -> np.ndarray | None:
+    """The state of Keras's global ``SeedGenerator`` (used by ``keras.random`` ops called without a seed
+    generator of their own), or None when none was made. Checked against Keras 3.10-3.15."""
+    from keras.src.backend.common import global_state
+    from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+
+    generator = global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
+    if generator is None:
+        return None
+    return np.array(keras.ops.convert_to_numpy(generator.state.value))
+
+
+def set_global_seed_state(value: np.ndarray) -> None:
+    """Restores :func:`global_seed_state` (making the global generator if needed)."""
+    from keras.src.random.seed_generator import global_seed_generator
+
+    global_seed_generator().state.assign(value)
+
+
 def data_adapter_base() -> type:
     """Keras's ``DataAdapter`` base class: ``model.fit`` takes an instance of it as ``x``."""
     from keras.src.trainers.data_adapters.data_adapter import DataAdapter as base

@@ -380,7 +380,7 @@ def test_evaluation_data_follows_model_evaluate_rules_and_takes_sources():
         assert logs["val_loss"] == pytest.approx(expected["loss"], rel=1e-5), kind
         assert (logs["val_samples"], logs["val_minibatches"]) == (40, 5), kind
     with pytest.raises(TypeError, match="a generator can be evaluated only once, and CrossValidation evaluates"):
-        CrossValidation((b for b in [(x, y)]))
+        CrossValidation(b for b in [(x, y)])
     test = Test(((x[i:i + 8, None], y[i:i + 8]) for i in range(0, 40, 8)), verbose=0)
     test.set_model(model)
     assert test.run()["test_loss"] == pytest.approx(expected["loss"], rel=1e-5)

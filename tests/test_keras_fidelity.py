@@ -212,3 +212,34 @@ def test_early_stopping_on_loss_and_non_scalar_validation_metric():
                        callbacks=[keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10.0)])
     assert len(history.history["loss"]) == 2  # no improvement of 10 after the first epoch: stops at the second
     assert np.shape(history.history["val_per_output_error"][0]) == (2,)
+
+
+class UnseededNoise(keras.layers.Layer):
+    """A layer that draws from keras.random without a SeedGenerator of its own (Keras's global one)."""
+
+    def call(self, x, training=False):
+        if training:
+            return x + 0.1 * keras.random.normal(keras.ops.shape(x))
+        return x
+
+
+def test_resume_is_exact_for_layers_drawing_from_the_global_seed_generator(backend, tmp_path):
+    if backend == "jax":
+        pytest.skip("JAX refuses unseeded random ops inside a traced step: such a layer cannot train there")
+    x, y = regression_data(48)
+
+    def model():
+        keras.utils.set_random_seed(4)
+        m = keras.Sequential([keras.Input((4,)), UnseededNoise(), keras.layers.Dense(1)])
+        return compiled(m)
+
+    options = dict(minibatch_size=8, epochs=2, seed=0, verbose=0)
+    reference = model()
+    kfit.fit(reference, x, y, **options)
+    path = tmp_path / "run.ckpt"
+    kfit.fit(model(), x, y, max_samples=56, callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)], **options)
+    keras.utils.set_random_seed(99)  # the resumed process draws from other seeds until the checkpoint says
+    resumed = model()
+    keras.random.normal((3,))  # and has used the global generator before training
+    kfit.fit(resumed, x, y, callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)], **options)
+    assert_same_weights(reference, resumed)

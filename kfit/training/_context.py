@@ -19,7 +19,7 @@ class TrainingContext:
         stream: the training data stream (None under plain ``model.fit``).
         callbacks: every callback of the run, in order.
         history: the run's ``keras.callbacks.History``.
-        kfit_fit: True under :func:`kfit.fit`'s own loop (exact mid-epoch resume is possible).
+        kfit_fit: True under :func:`kfit.fit` with kfit's stream (exact mid-epoch resume is possible).
         epochs, max_samples: the bounds of the run.
     """
 
