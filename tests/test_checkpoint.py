@@ -16,6 +16,7 @@ import h5py
 import keras
 import numpy as np
 import pytest
+from checkpoint_files import edit, edit_meta, flip_byte, seal, write_format_1
 
 import kfit
 from kfit.checkpoint import (
@@ -244,24 +245,16 @@ def test_truncated_file_is_refused_and_changes_nothing(tmp_path):
         assert np.array_equal(a, b)
 
 
-def flip_byte(path, offset):
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x10]))
-
-
-def test_flipped_byte_is_refused_naming_the_variable(tmp_path):
+def test_flipped_byte_in_an_array_is_refused_and_changes_nothing(tmp_path):
     model, path = saved_model(tmp_path)
     before = state(model)
-    with h5py.File(path, "r") as f:
-        offset = f["model/0"].id.get_offset() + 5
-    flip_byte(path, offset)
-    with pytest.raises(CheckpointCorruptError, match=r"checksum of variable 'sequential.*/dense.*/kernel' \(model/0\) does not hold"):
+    content = open(path, "rb").read()
+    _, arrays = _format.read_file(path)
+    flip_byte(path, content.index(arrays["model/0"].tobytes()) + 5)
+    with pytest.raises(CheckpointCorruptError, match=r"is damaged: the checksum of the file \(SHA-256\) does not hold"):
         kfit.load_checkpoint(path, model)
-    info = read_checkpoint_info(path)
-    assert info.checksum_ok is False and "model/0" in info.problem
+    with pytest.raises(CheckpointCorruptError, match="c.ckpt' is damaged"):
+        read_checkpoint_info(path)
     for a, b in zip(before, state(model), strict=True):
         assert np.array_equal(a, b)
 
@@ -270,8 +263,23 @@ def test_flipped_byte_in_the_metadata_is_refused(tmp_path):
     _, path = saved_model(tmp_path)
     content = open(path, "rb").read()
     flip_byte(path, content.index(b'"kfit_version"') + 3)
-    with pytest.raises(CheckpointCorruptError, match="checksum of its metadata does not hold"):
+    with pytest.raises(CheckpointCorruptError, match="checksum of the file"):
         read_checkpoint_info(path)
+
+
+def test_format_1_files_are_still_read(tmp_path):
+    model, path = saved_model(tmp_path)
+    meta, arrays = _format.read_file(path)
+    old = tmp_path / "old.ckpt"
+    write_format_1(old, meta, arrays)
+    info = kfit.load_checkpoint(old, model)
+    assert info.format_version == 1 and info.checksum_ok
+    assert np.array_equal(state(model)[0], arrays["model/0"])
+    with h5py.File(old, "r") as f:
+        offset = f["model/0"].id.get_offset()
+    flip_byte(old, offset + 2)
+    info = read_checkpoint_info(old)
+    assert info.checksum_ok is False and "checksum of variable" in info.problem and "(model/0)" in info.problem
 
 
 def test_wrong_model_is_refused_naming_the_first_variable_that_differs(tmp_path):
@@ -328,20 +336,42 @@ def test_files_that_are_not_kfit_checkpoints(tmp_path):
     with pytest.raises(CheckpointCorruptError, match="not a kfit checkpoint"):
         read_checkpoint_info(plain)
     _, path = saved_model(tmp_path)
-    with h5py.File(path, "r+") as f:
-        f.attrs["format_version"] = _format.FORMAT_VERSION + 1
+    edit(path, lambda f: f.attrs.modify("format_version", _format.FORMAT_VERSION + 1))
     with pytest.raises(CheckpointError, match="Upgrade kfit"):
+        read_checkpoint_info(path)
+    # A newer header (sealed as kfit would seal it) is refused the same way.
+    _, path = saved_model(tmp_path)
+    seal(path, open(path, "rb").read()[_format.HEADER_SIZE:], version=_format.FORMAT_VERSION + 1)
+    with pytest.raises(CheckpointError, match="format version 3.*Upgrade kfit"):
         read_checkpoint_info(path)
     # A dataset of Python objects is refused, never unpickled.
     _, path = saved_model(tmp_path)
-    with h5py.File(path, "r+") as f:
+
+    def pickle_like(f):
         meta = json.loads(f.attrs["meta"])
         del f["model/0"]
         f.create_dataset("model/0", data=np.array([b"cos\nsystem\n"], dtype=object), dtype=h5py.string_dtype())
         meta["arrays"][0]["shape"] = [1]
         f.attrs["meta"] = json.dumps(meta, sort_keys=True, separators=(",", ":"))
-        f.attrs["checksum"] = _format._checksum(f.attrs["meta"])
+
+    edit(path, pickle_like)
     with pytest.raises(CheckpointCorruptError, match="non-numeric"):
+        _format.read_file(path)
+    # An array that declares 4 TB (more bytes than the file holds) is refused before it is read.
+    _, path = saved_model(tmp_path)
+    edit_meta(path, lambda meta: None)  # sealed again, unchanged: still loads
+    _format.read_file(path)
+
+    def huge(f):
+        meta = json.loads(f.attrs["meta"])
+        del f["model/0"]
+        f.create_dataset("model/0", shape=(10**12,), dtype="float32")  # no data written: HDF5 allocates late
+        meta["arrays"][0]["shape"] = [10**12]
+        f.attrs["meta"] = json.dumps(meta, sort_keys=True, separators=(",", ":"))
+
+    edit(path, huge)
+    assert read_checkpoint_info(path).variables[0].shape == (10**12,)  # metadata only: no array is read
+    with pytest.raises(CheckpointCorruptError, match=r"declares 4000000000000 bytes \(shape \(1000000000000,\)\)"):
         _format.read_file(path)
 
 
@@ -390,7 +420,7 @@ def test_read_only_directory_refuses_and_leaves_the_previous_checkpoint(tmp_path
         os.chmod(base, 0o755)
         os.chmod(directory, 0o555)
         failure = _unprivileged(lambda: _format.write_checkpoint(target, arrays, meta, 20))
-        assert failure is not None and failure[0] == "CheckpointError", failure
+        assert failure is not None and failure[0] == "CheckpointWriteError", failure
         assert f"Cannot write the checkpoint {target!r}" in failure[1] and "Permission denied" in failure[1]
         assert open(target, "rb").read() == before
         assert os.listdir(directory) == ["c.ckpt"]
@@ -522,19 +552,17 @@ def test_cli_inspect(tmp_path, capsys):
     assert cli(["inspect", str(path)]) == 0
     text = capsys.readouterr().out
     for expected in ("checksum:        ok", "samples:         120", "epoch:           2", "learning rate:   0.01",
-                     "momentum:        0.9", "minibatch size:  12", "last metrics:    loss = ", "format version:  1",
+                     "momentum:        0.9", "minibatch size:  12", "last metrics:    loss = ", "format version:  2",
                      "sequential", "(4, 8)"):
         assert expected in text, (expected, text)
     assert cli(["inspect", str(path), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["samples"] == 120 and info["checksum_ok"] is True and info["format_version"] == 1
+    assert info["samples"] == 120 and info["checksum_ok"] is True and info["format_version"] == 2
     assert info["variables"][0]["shape"] == [4, 8] and info["variables"][5]["group"] == "optimizer"
 
-    with h5py.File(path, "r") as f:
-        offset = f["optimizer/4"].id.get_offset()
-    flip_byte(path, offset)
+    flip_byte(path, os.path.getsize(path) // 2)
     assert cli(["inspect", str(path)]) == 1
-    assert "checksum:        FAILED" in capsys.readouterr().out
+    assert "is damaged: the checksum of the file" in capsys.readouterr().err
     assert cli(["inspect", str(tmp_path / "missing")]) == 1
     assert "does not exist" in capsys.readouterr().err
 

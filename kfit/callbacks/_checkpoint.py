@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -15,8 +16,8 @@ from typing import Any
 import keras
 
 from kfit.callbacks._base import PEERS_ATTRIBUTE, KfitCallback
-from kfit.checkpoint import CheckpointInfo, _format, _info, _state
-from kfit.checkpoint._format import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
+from kfit.checkpoint import CheckpointInfo, _format, _info, _lock, _signals, _state
+from kfit.checkpoint._format import CheckpointError, CheckpointMismatchError, CheckpointWriteError
 from kfit.clock import Clock, get_clock
 from kfit.training._context import get_context
 
@@ -30,17 +31,30 @@ MODEL_FIT_NOTE = (
 
 
 class _BackgroundWriter:
-    """Runs one write at a time on a (non-daemon) thread; a failed write's error is raised by :meth:`wait`."""
+    """Runs one write at a time on a (non-daemon) thread; a failed write's error is raised by :meth:`wait`.
+
+    At exit (and on SIGINT / SIGTERM during training, see :class:`Checkpoint`) a write in flight is finished,
+    never abandoned. The exit hook is registered when a writer is first used, not at import.
+    """
 
     _all: weakref.WeakSet = weakref.WeakSet()
+    _exit_hook = False
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         _BackgroundWriter._all.add(self)
 
+    @property
+    def busy(self) -> bool:
+        """A write is in flight."""
+        return self._thread is not None and self._thread.is_alive()
+
     def submit(self, job: Callable[[], Any]) -> None:
         self.wait()
+        if not _BackgroundWriter._exit_hook:
+            _BackgroundWriter._exit_hook = True
+            atexit.register(_BackgroundWriter.wait_all)
         self._thread = threading.Thread(target=self._run, args=(job,), name="kfit-checkpoint-writer")
         self._thread.start()
 
@@ -51,9 +65,11 @@ class _BackgroundWriter:
             self._error = error
 
     def wait(self) -> None:
-        thread, self._thread = self._thread, None
+        """Waits for the write in flight. Interrupted (Ctrl-C), it keeps the thread, so a later wait finishes it."""
+        thread = self._thread
         if thread is not None:
             thread.join()
+            self._thread = None
         error, self._error = self._error, None
         if error is not None:
             raise error
@@ -66,9 +82,6 @@ class _BackgroundWriter:
                 writer.wait()
             except BaseException as error:
                 print(f"kfit: a checkpoint write failed: {error}", file=sys.stderr)
-
-
-atexit.register(_BackgroundWriter.wait_all)
 
 
 def _check_count(name: str, value: Any) -> None:
@@ -111,6 +124,17 @@ class Checkpoint(KfitCallback):
     stopped run continues; the stop marks of kfit's controllers are cleared, their counters kept). To start
     over: ``restore=False``, or delete the checkpoint files.
 
+    Faults. A write that fails (a full disk, an I/O error, a read-only file system) raises a
+    :class:`~kfit.checkpoint.CheckpointWriteError` naming the path and the cause (``on_write_error="warn"``:
+    a warning, and training goes on); the previous checkpoint stays the newest intact one and no temporary
+    file is left. During training, Ctrl-C (SIGINT) and SIGTERM first let a write in flight finish; with
+    ``save_on_preemption`` a SIGTERM (how SLURM and Kubernetes preempt a job) saves the state at the end of
+    the step being trained (at the epoch's end when that step ends an epoch), then ends the process as
+    SIGTERM would have, so that a preempted run resumes bit-identically and loses no work. Signal handlers
+    are installed when training begins (in the main thread only) and the previous ones put back when it ends.
+    One writer per path: the callback holds ``path + ".lock"`` from the start of training to its end, and
+    a second writer on the path (another callback, here or in another process) is refused naming the holder.
+
     Under plain ``model.fit`` the callback saves and restores everything it can reach (add a
     :class:`SampleClock` for sample frequencies); model.fit then goes on from the start of the saved epoch,
     not bit-identically. Put the Checkpoint last in model.fit's callbacks so it restores after the others
@@ -126,6 +150,9 @@ class Checkpoint(KfitCallback):
         async_write: write files on a background thread (training stalls only for the copy to host memory).
         resume_finished: continue a run that a callback stopped (early stopping, cross-validation), instead
             of restoring its final state and training nothing.
+        save_on_preemption: on SIGTERM, save at the next step boundary, then end the process.
+        on_write_error: ``"raise"`` (a failed write stops training with its error) or ``"warn"`` (warn and
+            go on training; :attr:`failed_writes` counts them).
         name: the callback's name.
 
     Raises:
@@ -151,6 +178,8 @@ class Checkpoint(KfitCallback):
         restore: bool = True,
         async_write: bool = True,
         resume_finished: bool = False,
+        save_on_preemption: bool = False,
+        on_write_error: str = "raise",
         name: str | None = None,
     ):
         super().__init__(name=name)
@@ -166,9 +195,12 @@ class Checkpoint(KfitCallback):
         from kfit.checkpoint import _check_keep
 
         _check_keep(keep, preserve_all)
-        for argument, value in (("restore", restore), ("async_write", async_write), ("resume_finished", resume_finished)):
+        for argument, value in (("restore", restore), ("async_write", async_write),
+                                ("resume_finished", resume_finished), ("save_on_preemption", save_on_preemption)):
             if not isinstance(value, bool):
                 raise ValueError(f"Invalid value for argument `{argument}`: expected True or False. Received: {argument}={value!r}")
+        if on_write_error not in ("raise", "warn"):
+            raise ValueError(f"Invalid value for argument `on_write_error`: expected 'raise' or 'warn'. Received: on_write_error={on_write_error!r}")
         self.path = path
         self.frequency = frequency
         self.epochs = 1 if frequency is None and epochs is None else epochs
@@ -177,6 +209,8 @@ class Checkpoint(KfitCallback):
         self.restore = restore
         self.async_write = async_write
         self.resume_finished = resume_finished
+        self.save_on_preemption = save_on_preemption
+        self.on_write_error = on_write_error
         #: The checkpoint restored at the start of the last run (None when it started afresh).
         self.restored_from: CheckpointInfo | None = None
         #: True when the last run restored a finished run and trained nothing.
@@ -185,9 +219,17 @@ class Checkpoint(KfitCallback):
         #: still running, so that a rerun resumes it.
         self.interrupted = False
         self._saved_status: str | None = None
-        #: How many checkpoints the last run wrote.
+        #: How many checkpoints the last run wrote (or started writing).
         self.saves = 0
+        #: How many writes of the last run failed (with ``on_write_error="warn"``).
+        self.failed_writes = 0
         self._writer = _BackgroundWriter()
+        self._lock = _lock.PathLock(path, f"kfit Checkpoint callback {self.name!r}", active=self._holds_run)
+        self._in_kfit_fit = False
+        self._guard = _signals.SignalGuard(self._on_signal)
+        self._training = False
+        self._preempted: int | None = None
+        self._preempt_at_epoch_end = False
         self._buffers: dict = {}
         self._pending = False
         self._steps_unsaved = 0
@@ -216,7 +258,7 @@ class Checkpoint(KfitCallback):
 
     # -- training --------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self._writer.wait()
+        self._wait_writer()
         self._pending = False
         self._steps_unsaved = 0
         self._epochs_done = 0
@@ -226,14 +268,32 @@ class Checkpoint(KfitCallback):
         self.interrupted = False
         self._saved_status = None
         self.saves = 0
+        self.failed_writes = 0
+        self._preempted = None
+        self._preempt_at_epoch_end = False
         if self.frequency is not None:
             self.clock  # noqa: B018  (a sample frequency needs the clock: raises a clear error without one)
         _state.stateful_callbacks(self._parts().callbacks)  # two callbacks with one state key: refuse now
-        if self._chief():
-            self._check_writable()
-            _format.remove_stale_temporaries(self.path)
-        if self.restore:
-            self._restore()
+        try:
+            if self._chief():
+                self._check_writable()
+                self._lock.acquire()  # one writer per path; then every other temporary file is stale
+                _format.remove_stale_temporaries(self.path)
+            if self.restore:
+                self._restore()
+        except BaseException:
+            self.release()
+            raise
+        self._training = True
+        self._in_kfit_fit = get_context(self._model) is not None
+        self._guard.install()
+
+    def _holds_run(self) -> bool:
+        """Training with this callback is under way (False after a run that ended with an exception, which
+        Keras does not report to callbacks: kfit.fit's run context is gone then)."""
+        if not self._training:
+            return False
+        return get_context(self._model) is not None if self._in_kfit_fit else True
 
     def _check_writable(self) -> None:
         from kfit.checkpoint import _make_directory
@@ -266,6 +326,12 @@ class Checkpoint(KfitCallback):
         self._steps_unsaved += 1
         if get_clock(self._model) is not None:
             self._dispatch_step_end(batch, logs)  # KfitCallback's batch-end hook: counts the step, on_step_end
+        if self._preempted is not None and not self._preempt_at_epoch_end:
+            clock = get_clock(self._model)
+            if clock is not None and clock.epoch_size and clock.samples_in_epoch == 0:
+                self._preempt_at_epoch_end = True  # save after the epoch's end (history, validation)
+            else:
+                self._stop_for_preemption()
 
     def on_step_end(self, clock: Clock, logs: dict | None) -> None:
         if self._training_ends(clock) and clock.samples_in_epoch:
@@ -294,9 +360,12 @@ class Checkpoint(KfitCallback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._epochs_done = epoch + 1
-        if self._pending or (self.epochs is not None and (epoch + 1) % self.epochs == 0):
+        preempted = self._preempted is not None
+        if self._pending or preempted or (self.epochs is not None and (epoch + 1) % self.epochs == 0):
             self._save(epoch, logs)
         self._pending = False
+        if preempted:
+            self._stop_for_preemption()
 
     def on_train_end(self, logs: dict | None = None) -> None:
         try:
@@ -306,21 +375,88 @@ class Checkpoint(KfitCallback):
                 self._save()
             elif self.saves and self._saved_status != self._run_status()["status"]:
                 self._save()  # a callback stopped training after this one had saved the step: record the stop
-            self._writer.wait()
+            self._wait_writer()
         finally:
+            self.release()
             if self._set_initial_epoch:
                 self._model._initial_epoch = None  # as set for model.fit by a restore; not for the next fit
                 self._set_initial_epoch = False
 
     def wait(self) -> None:
         """Waits for the checkpoint being written in the background (raises its error, if it failed)."""
-        self._writer.wait()
+        self._wait_writer()
+
+    def release(self) -> None:
+        """Ends this callback's hold on its path: finishes a write in flight, puts the previous signal handlers
+        back and releases the path's lock. Training does this when it ends; call it after a run that was
+        interrupted by an exception (which Keras does not report to callbacks) to let another writer use the
+        path at once (it is also released when this callback is garbage-collected)."""
+        self._training = False
+        try:
+            self._writer.wait()
+        finally:
+            self._guard.uninstall()
+            self._lock.release()
+
+    def _wait_writer(self) -> None:
+        """Waits for the write in flight; a failed write raises, or warns with ``on_write_error="warn"``."""
+        try:
+            self._writer.wait()
+        except CheckpointWriteError as error:
+            self._write_failed(error)
+
+    def _write_failed(self, error: CheckpointWriteError) -> None:
+        if self.on_write_error == "raise":
+            self.release()  # training ends with this error, and Keras does not call on_train_end after one
+            raise error
+        self.failed_writes += 1
+        warnings.warn(f"{error} Training goes on (on_write_error='warn').", stacklevel=3)
+
+    # -- signals ---------------------------------------------------------------------------------
+    def _on_signal(self, signum: int) -> bool:
+        """In the main thread, on SIGINT or SIGTERM during training. True: handled at the next step boundary."""
+        if not self._holds_run():
+            return False
+        if signum == signal.SIGTERM and self.save_on_preemption and self._preempted is None:
+            self._preempted = signum
+            print(f"kfit: SIGTERM received: saving the checkpoint {self.path!r} at the end of this step, then "
+                  "stopping.", file=sys.stderr, flush=True)
+            return True
+        if self._writer.busy:
+            print(f"kfit: finishing the checkpoint being written to {self.path!r} before stopping (press Ctrl-C "
+                  "again to stop at once and leave it unfinished).", file=sys.stderr, flush=True)
+        try:
+            self._writer.wait()
+        except CheckpointError as error:
+            print(f"kfit: a checkpoint write failed: {error}", file=sys.stderr, flush=True)
+        self._training = False
+        self._lock.release()
+        return False
+
+    def _stop_for_preemption(self) -> None:
+        """At a step (or epoch) boundary after SIGTERM: save this state, then end the process as SIGTERM would."""
+        signum, self._preempted = self._preempted, None
+        try:
+            if self._steps_unsaved:
+                self._save()
+            self._wait_writer()
+        finally:
+            self._training = False
+            self._lock.release()
+        print(f"kfit: saved the checkpoint {self.path!r} at sample {self._samples()}; stopping (SIGTERM).",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        self._guard.deliver(signum)
+
+    def _samples(self) -> int | None:
+        clock = get_clock(self._model)
+        return None if clock is None else clock.samples
 
     # -- saving ----------------------------------------------------------------------------------
     def _save(self, epoch: int | None = None, logs: dict | None = None) -> None:
         if not self._chief():
             return
-        self._writer.wait()  # its buffers are reused; a failed write is raised here
+        self._wait_writer()  # its buffers are reused; a failed write is raised (or warned about) here
         parts = self._parts()
         # collect() syncs the loop's state into the variables on JAX (as self.model does): at save time only.
         arrays, meta = _state.collect(parts, self._buffers if self.async_write else None, epoch, logs)
@@ -338,44 +474,36 @@ class Checkpoint(KfitCallback):
         self._steps_unsaved = 0
         if self.async_write:
             self._writer.submit(job)
-        else:
+            return
+        try:
             job()
+        except CheckpointWriteError as error:
+            self._write_failed(error)
 
     # -- restoring -------------------------------------------------------------------------------
     def _restore(self) -> None:
-        files = _format.candidates(self.path)
-        if not files:
+        found = _format.read_newest_intact(self.path)  # a damaged newer file is passed over, never a crash
+        if found is None:
             return
+        file, meta, arrays, damaged = found
         parts = self._parts()
-        damaged = []
-        for file in files:
-            try:
-                meta, arrays = _format.read_file(file)
-            except CheckpointCorruptError as damage:
-                damaged.append(str(damage))
-                continue
-            # Under model.fit the metrics restart at each epoch: restoring them would only raise warnings.
-            try:
-                restore = _state.plan_restore(parts, meta, arrays, file, metrics=parts.kfit_fit)
-            except CheckpointMismatchError as mismatch:
-                raise CheckpointMismatchError(
-                    f"{mismatch} To start over instead of resuming: pass restore=False to Checkpoint, or delete "
-                    f"{file!r}" + (" and its numbered twins" if len(files) > 1 else "") + "."
-                ) from None
-            if not parts.kfit_fit:
-                self._for_model_fit(parts, restore)
-            _state.apply_restore(parts, restore, meta, arrays)
-            self._after_restore(parts)
-            self.restored_from = _info(file, meta, checksum_ok=True)
-            if damaged:
-                warnings.warn(" ".join(damaged) + f" Falling back to the previous intact checkpoint: resumed from "
-                              f"{file!r} (sample {self.restored_from.samples}).", stacklevel=2)
-            self._resume_or_finish(self.restored_from)
-            return
-        raise CheckpointError(
-            f"None of the checkpoints of {self.path!r} is intact: {' '.join(damaged)} Move them away to start "
-            "afresh, or pass restore=False."
-        )
+        # Under model.fit the metrics restart at each epoch: restoring them would only raise warnings.
+        try:
+            restore = _state.plan_restore(parts, meta, arrays, file, metrics=parts.kfit_fit)
+        except CheckpointMismatchError as mismatch:
+            raise CheckpointMismatchError(
+                f"{mismatch} To start over instead of resuming: pass restore=False to Checkpoint, or delete "
+                f"{file!r} and the other checkpoints of {self.path!r}."
+            ) from None
+        if not parts.kfit_fit:
+            self._for_model_fit(parts, restore)
+        _state.apply_restore(parts, restore, meta, arrays)
+        self._after_restore(parts)
+        self.restored_from = _info(file, meta, checksum_ok=True)
+        if damaged:
+            warnings.warn(" ".join(damaged) + f" Falling back to the previous intact checkpoint: resumed from "
+                          f"{file!r} (sample {self.restored_from.samples}).", stacklevel=2)
+        self._resume_or_finish(self.restored_from)
 
     def _run_status(self) -> dict:
         from kfit.callbacks import _run_status

@@ -29,19 +29,20 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from kfit.checkpoint import _format
+from kfit.checkpoint import _format, _lock
 from kfit.checkpoint._format import (
     FORMAT_VERSION,
     CheckpointCorruptError,
     CheckpointError,
+    CheckpointLockedError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
+    CheckpointWriteError,
 )
 
-# The variable groups of a checkpoint (as kfit.checkpoint._state.GROUPS). The reading functions here need only
-# h5py and NumPy; _state, which imports Keras, is imported by the functions that save and restore, so that
-# ``kfit inspect`` starts fast.
-GROUPS = ("model", "optimizer", "metrics")
+# Reading a file (read_checkpoint_info, list_checkpoints: what `kfit inspect` calls) needs only h5py and
+# NumPy; saving and restoring need Keras, imported with ``_state`` on first use, so that ``kfit inspect``
+# starts fast.
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,9 @@ class CheckpointInfo:
             written before kfit recorded it.
         status_reason: why it ended (``"reached epochs=50"``, ``"stopped by EarlyStopping on val_loss"``).
         checksum_ok: True when every stored byte matched its checksum, None when not checked.
-        problem: what is wrong with the file when ``checksum_ok`` is False.
+        problem: what is wrong with the file when ``checksum_ok`` is False (only format-1 files, whose
+            arrays have checksums of their own, can be read with damaged arrays; a damaged format-2 file
+            raises :class:`CheckpointCorruptError` instead).
     """
 
     path: str
@@ -116,7 +119,7 @@ def _info(path: str, meta: dict, checksum_ok: bool | None, problem: str | None =
     summary = meta.get("summary", {})
     shapes = {entry["name"]: entry for entry in meta["arrays"]}
     variables = []
-    for group in GROUPS:
+    for group in _format.GROUPS:
         for i, variable_path in enumerate(meta["variables"].get(group, [])):
             entry = shapes[f"{group}/{i}"]
             variables.append(VariableInfo(group, variable_path, tuple(entry["shape"]), entry["dtype"]))
@@ -162,26 +165,31 @@ def save_checkpoint(
         preserve_all: keep every checkpoint as ``PATH.<samples>``.
 
     Returns:
-        The checksum of the written file (``"crc32:..."``).
+        The checksum of the written file (``"sha256:..."``).
 
     Raises:
-        CheckpointError: the file cannot be written (the message names the path and the reason); the
-            previous checkpoint at ``path`` is then untouched.
+        CheckpointWriteError: the file cannot be written (the message names the path and the reason: a full
+            disk, an I/O error, a read-only file system); the previous checkpoint at ``path`` is then
+            untouched and no temporary file is left.
+        CheckpointLockedError: another writer (a ``Checkpoint`` callback, here or in another process)
+            holds ``path``.
         ValueError: two callbacks have the same state key; a callback's state is not plain data.
 
     Example:
         >>> # in a custom loop, every 10_000 samples:
         >>> # kfit.save_checkpoint("run.ckpt", model, clock=clock, stream=stream, callbacks=[early_stopping])
     """
-    _check_keep(keep, preserve_all)
     from kfit.checkpoint import _state
+
+    _check_keep(keep, preserve_all)
 
     path = os.fspath(path)
     _make_directory(path)
     parts = _state.training_parts(model, clock, stream, callbacks, history)
     arrays, meta = _state.collect(parts)
     samples = meta["summary"]["samples"] or 0
-    return _format.write_checkpoint(path, arrays, meta, samples, keep=keep, preserve_all=preserve_all)
+    with _lock.PathLock(path, "kfit.save_checkpoint"):
+        return _format.write_checkpoint(path, arrays, meta, samples, keep=keep, preserve_all=preserve_all)
 
 
 def load_checkpoint(
@@ -211,8 +219,10 @@ def load_checkpoint(
 
     Raises:
         CheckpointNotFoundError: no file at ``path``.
-        CheckpointCorruptError: the file is truncated or damaged (the message says where).
-        CheckpointMismatchError: the checkpoint does not fit (names the first variable that differs).
+        CheckpointCorruptError: the file is truncated or damaged, or its metadata is not what kfit writes
+            (the message says where); nothing is changed.
+        CheckpointMismatchError: the checkpoint does not fit (names the first variable that differs);
+            nothing is changed.
 
     Example:
         >>> # model = build_model(); model.compile(...); model.build(input_shape)
@@ -236,18 +246,25 @@ def read_checkpoint_info(path: str | os.PathLike, verify: bool = True) -> Checkp
         verify: read every array and check its checksum (``checksum_ok``); otherwise only the metadata
             (itself always checked) is read.
 
+    Safe on any path: a damaged or foreign file, a directory, a FIFO, a device or a file declaring huge
+    arrays raises a :class:`CheckpointError` naming it (no crash, no hang, no other exception), and only
+    h5py and NumPy are imported (no Keras).
+
     Returns:
-        A :class:`CheckpointInfo`; ``checksum_ok`` is False (with ``problem``) when an array is damaged.
+        A :class:`CheckpointInfo`; ``checksum_ok`` is False (with ``problem``) when an array of a format-1
+        file is damaged.
 
     Raises:
         CheckpointNotFoundError: no file at ``path``.
-        CheckpointCorruptError: the file or its metadata cannot be read.
+        CheckpointCorruptError: the file is damaged or not a kfit checkpoint (for format 2: any changed byte).
 
     Example:
         >>> # info = kfit.checkpoint.read_checkpoint_info("run.ckpt"); info.samples, info.checksum_ok
     """
     path = os.fspath(path)
     meta, _ = _format.read_file(path, load_arrays=False)
+    if meta["format_version"] >= 2:  # the whole file was checked
+        return _info(path, meta, checksum_ok=True)
     if not verify:
         return _info(path, meta, checksum_ok=None)
     try:
@@ -301,8 +318,10 @@ __all__ = [
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointInfo",
+    "CheckpointLockedError",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
+    "CheckpointWriteError",
     "VariableInfo",
     "list_checkpoints",
     "load_checkpoint",

@@ -24,9 +24,8 @@ import keras
 import numpy as np
 
 from kfit import _backend
-from kfit.checkpoint._format import CheckpointMismatchError
+from kfit.checkpoint._format import GROUPS, CheckpointMismatchError
 
-GROUPS = ("model", "optimizer", "metrics")
 _ARRAY = "__kfit_array__"
 _PAIRS = "__kfit_dict__"  # a dict whose keys are not all strings: [[key, value], ...]
 
@@ -136,6 +135,19 @@ def _decode(value: Any, arrays: dict) -> Any:
     return value
 
 
+def _decoded(value: Any, arrays: dict, file: str, what: str) -> Any:
+    """:func:`_decode`, with an error naming the file when the stored structure is not what kfit writes."""
+    try:
+        return _decode(value, arrays)
+    except (KeyError, TypeError, ValueError) as error:
+        from kfit.checkpoint._format import CheckpointCorruptError
+
+        raise CheckpointCorruptError(
+            f"The checkpoint {file!r} has metadata that kfit did not write: {what} cannot be decoded "
+            f"({type(error).__name__}: {error}). Nothing was restored from it; restore from another checkpoint."
+        ) from None
+
+
 def _hashable(key: Any) -> Any:
     return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
 
@@ -203,6 +215,9 @@ def _random_state(arrays: dict) -> dict:
         import torch
 
         arrays["rng/torch"] = torch.get_rng_state().numpy().copy()
+    keras_global = _backend.global_seed_state()  # keras.random ops called without a SeedGenerator of their own
+    if keras_global is not None:
+        arrays["rng/keras_global"] = keras_global
     return state
 
 
@@ -362,6 +377,7 @@ class _Restore:
     history: dict | None = None
     metrics_restored: bool = False
     notes: list = field(default_factory=list)
+    file: str = ""
 
 
 def _build_optimizer(model: Any, meta: dict, file: str) -> None:
@@ -391,7 +407,7 @@ def plan_restore(parts: TrainingParts, meta: dict, arrays: dict, file: str, metr
     With ``metrics`` the metric variables are restored too, when they fit (a note says so otherwise).
     """
     model = parts.model
-    restore = _Restore()
+    restore = _Restore(file=file)
     if meta.get("backend") != _backend.BACKEND:
         restore.notes.append(
             f"The checkpoint {file!r} was written on the {meta.get('backend')} backend and is restored on "
@@ -420,10 +436,10 @@ def plan_restore(parts: TrainingParts, meta: dict, arrays: dict, file: str, metr
                 f"The checkpoint {file!r} was taken on training data of {saved} samples, and this run's data holds "
                 f"{have}. Resume with the same training data (the stream's position would mean other samples)."
             )
-        restore.stream_state = _decode(meta["stream"], arrays)
+        restore.stream_state = _decoded(meta["stream"], arrays, file, "the stream's state")
 
     if parts.clock is not None and meta.get("clock"):
-        state = dict(_decode(meta["clock"], arrays))
+        state = dict(_decoded(meta["clock"], arrays, file, "the clock's state"))
         have = parts.clock.epoch_size
         if have and state.get("epoch_size") and state["epoch_size"] != have:
             restore.notes.append(
@@ -437,43 +453,89 @@ def plan_restore(parts: TrainingParts, meta: dict, arrays: dict, file: str, metr
     keyed = stateful_callbacks(parts.callbacks)
     for key, callback in keyed.items():
         if key in saved_states:
-            restore.callback_states.append((callback, _decode(saved_states[key], arrays)))
+            restore.callback_states.append((callback, _decoded(saved_states[key], arrays, file, f"the state of {key!r}")))
         elif saved_states and callback.get_state():  # (a file saved without callbacks: no note for each)
             restore.notes.append(f"The checkpoint {file!r} holds no state for callback {key!r}: it starts afresh.")
     unused = sorted(set(saved_states) - set(keyed))
     if unused:
         restore.notes.append(f"The checkpoint {file!r} holds the state of callbacks {unused}, which this run does not have.")
     if parts.history is not None and meta.get("history"):
-        restore.history = _decode(meta["history"], arrays)
+        restore.history = _decoded(meta["history"], arrays, file, "the history")
     return restore
 
 
 def apply_restore(parts: TrainingParts, restore: _Restore, meta: dict, arrays: dict, random_state: bool = True) -> None:
-    """Assigns a validated restore. Callback states go first and are rolled back if one refuses its state."""
-    done = []
+    """Assigns a validated restore, all or nothing.
+
+    The parts that can still refuse their state (the random states, the callbacks, the stream, the clock)
+    are set first, and put back as they were if one refuses; the variables, which were checked by
+    :func:`plan_restore`, are assigned last.
+
+    Raises:
+        CheckpointMismatchError: a part refused its saved state (naming it); nothing was changed.
+    """
+    undo: list = []
+    part = ""
     try:
+        if random_state:
+            part = "the random states"
+            undo.append(_random_state_setter(_current_random_state()))
+            _set_random_state(meta["rng"], arrays)
         for callback, state in restore.callback_states:
-            done.append((callback, callback.get_state()))
+            part = f"callback {state_key(callback)!r}"
+            undo.append(_state_setter(callback, callback.get_state()))
             callback.set_state(state)
         if restore.stream_state is not None:
+            part = "the data stream"
+            undo.append(_state_setter(parts.stream, parts.stream.get_state()))
             parts.stream.set_state(restore.stream_state)
-    except Exception:
-        for callback, previous in reversed(done):
-            callback.set_state(previous)
-        raise
+        if restore.clock_state is not None:
+            part = "the clock"
+            undo.append(_state_setter(parts.clock, parts.clock.get_state()))
+            parts.clock.set_state(restore.clock_state)
+    except Exception as error:
+        for put_back in reversed(undo):
+            put_back()
+        raise CheckpointMismatchError(
+            f"The checkpoint {restore.file!r} cannot be restored: {part} refused its saved state "
+            f"({type(error).__name__}: {error}). Nothing was changed."
+        ) from error
     model = parts.model
     _backend.sync_model(model)
     for variable, array in restore.assignments:
         variable.assign(array)
-    if restore.clock_state is not None:
-        parts.clock.set_state(restore.clock_state)
     if restore.history is not None:
         parts.history.history = {k: list(v) for k, v in restore.history["history"].items()}
         parts.history.epoch = list(restore.history["epoch"])
-    if random_state:
-        _set_random_state(meta["rng"], arrays)
     for note in restore.notes:
         warnings.warn(note, stacklevel=3)
+
+
+def _state_setter(owner: Any, state: Any):
+    return lambda: owner.set_state(state)
+
+
+def _current_random_state() -> tuple:
+    torch_state = None
+    if _backend.BACKEND == "torch":
+        import torch
+
+        torch_state = torch.get_rng_state()
+    return np.random.get_state(), random.getstate(), torch_state, _backend.global_seed_state()
+
+
+def _random_state_setter(saved: tuple):
+    def put_back() -> None:
+        numpy_state, python_state, torch_state, keras_global = saved
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+        if keras_global is not None:
+            _backend.set_global_seed_state(keras_global)
+        if torch_state is not None:
+            import torch
+
+            torch.set_rng_state(torch_state)
+    return put_back
 
 
 def _set_random_state(state: dict, arrays: dict) -> None:
@@ -486,3 +548,5 @@ def _set_random_state(state: dict, arrays: dict) -> None:
         import torch
 
         torch.set_rng_state(torch.from_numpy(np.ascontiguousarray(arrays["rng/torch"], dtype=np.uint8)))
+    if "rng/keras_global" in arrays:
+        _backend.set_global_seed_state(arrays["rng/keras_global"])

@@ -1,0 +1,161 @@
+"""What a checkpoint's metadata must look like, checked before anything in it is used.
+
+A file whose bytes are intact can still hold metadata that kfit never wrote (edited by hand or by another
+program, with its checksum recomputed). :func:`check` walks the parsed JSON against :data:`META` (required
+keys and their types) and checks that every array it refers to is in the file, so that a restore never
+fails half-way with a ``KeyError`` after some of the state has been assigned. Extra keys are allowed (a
+later kfit may add some). Only the standard library here: the command line reads files without Keras.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+ARRAY_REF = "__kfit_array__"
+
+
+class SchemaError(ValueError):
+    """The metadata does not match the schema; the message names the field and what it should be."""
+
+
+# A schema is a function (value, where) -> None that raises SchemaError.
+Spec = Callable[[Any, str], None]
+
+
+def _fail(where: str, expected: str, value: Any) -> None:
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise SchemaError(f"{where} should be {expected}, found {type(value).__name__} {shown}")
+
+
+def _type(expected: str, test: Callable[[Any], bool]) -> Spec:
+    def check(value: Any, where: str) -> None:
+        if not test(value):
+            _fail(where, expected, value)
+    return check
+
+
+STR = _type("a string", lambda v: isinstance(v, str))
+BOOL = _type("true or false", lambda v: isinstance(v, bool))
+INT = _type("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
+COUNT = _type("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+NUMBER = _type("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def ANY(value: Any, where: str) -> None:  # noqa: N802  (a schema constant, like STR)
+    """Any JSON value."""
+
+
+def optional(spec: Spec) -> Spec:
+    """``spec`` or null."""
+    def check(value: Any, where: str) -> None:
+        if value is not None:
+            spec(value, where)
+    return check
+
+
+def list_of(spec: Spec) -> Spec:
+    def check(value: Any, where: str) -> None:
+        if not isinstance(value, list):
+            _fail(where, "a list", value)
+        for i, item in enumerate(value):
+            spec(item, f"{where}[{i}]")
+    return check
+
+
+def dict_of(spec: Spec) -> Spec:
+    """An object with any keys, each value matching ``spec``."""
+    def check(value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            _fail(where, "an object", value)
+        for key, item in value.items():
+            spec(item, f"{where}[{key!r}]")
+    return check
+
+
+def record(required: dict[str, Spec], optional_keys: dict[str, Spec] | None = None) -> Spec:
+    """An object with these keys (``optional_keys`` may be absent); other keys are allowed."""
+    def check(value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            _fail(where, "an object", value)
+        for key, spec in required.items():
+            if key not in value:
+                raise SchemaError(f"{where}.{key} is missing")
+            spec(value[key], f"{where}.{key}")
+        for key, spec in (optional_keys or {}).items():
+            if key in value:
+                spec(value[key], f"{where}.{key}")
+    return check
+
+
+_NAMED = record({"name": STR, "class": STR})
+META: Spec = record({
+    "format": STR,
+    "format_version": INT,
+    "kfit_version": STR,
+    "keras_version": STR,
+    "backend": STR,
+    "created": STR,
+    "kfit_fit": BOOL,
+    "model": _NAMED,
+    "optimizer": optional(_NAMED),
+    "variables": record({"model": list_of(STR), "optimizer": list_of(STR), "metrics": list_of(STR)}),
+    "clock": optional(record({"samples": COUNT, "minibatches": COUNT},
+                             {"epoch_size": optional(COUNT), "minibatch_size": optional(COUNT)})),
+    "stream": optional(record({}, {"position": COUNT, "seed": optional(INT), "shuffle": BOOL,
+                                   "num_samples": optional(COUNT)})),
+    "callbacks": dict_of(ANY),
+    "history": optional(record({"epoch": list_of(ANY), "history": dict_of(list_of(ANY))})),
+    "rng": record({
+        "numpy": record({"algorithm": STR, "pos": COUNT, "has_gauss": INT, "gauss": NUMBER}),
+        "python": record({"version": INT, "gauss_next": optional(NUMBER)}),
+    }),
+    "summary": record({}, {
+        **{key: optional(COUNT) for key in ("samples", "minibatches", "epoch", "samples_in_epoch",
+                                            "epoch_size", "minibatch_size")},
+        "hyperparameters": dict_of(NUMBER),
+        "last_metrics": dict_of(NUMBER),
+    }),
+    "arrays": list_of(record({"name": STR, "shape": list_of(COUNT), "dtype": STR}, {"crc32": INT})),
+})
+
+# Arrays every checkpoint holds, with their shapes: the random states.
+_FIXED_SHAPES = {"rng/numpy": [624], "rng/python": [625]}
+
+
+def _references(value: Any, where: str):
+    """Every ``{"__kfit_array__": name}`` inside ``value``, with where it is."""
+    if isinstance(value, dict):
+        if ARRAY_REF in value:
+            yield value[ARRAY_REF], where
+        for key, item in value.items():
+            yield from _references(item, f"{where}[{key!r}]")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _references(item, f"{where}[{i}]")
+
+
+def check(meta: Any) -> None:
+    """Checks parsed checkpoint metadata: :data:`META`, and that every array it names is in its index.
+
+    Raises:
+        SchemaError: naming the first field that does not match.
+    """
+    META(meta, "meta")
+    shapes: dict[str, list[int]] = {}
+    for entry in meta["arrays"]:
+        if entry["name"] in shapes:
+            raise SchemaError(f"meta.arrays lists {entry['name']!r} twice")
+        shapes[entry["name"]] = entry["shape"]
+    for group, paths in meta["variables"].items():
+        for i in range(len(paths)):
+            if f"{group}/{i}" not in shapes:
+                raise SchemaError(f"meta.variables.{group}[{i}] has no array {group}/{i} in meta.arrays")
+    for name, shape in _FIXED_SHAPES.items():
+        if shapes.get(name) != shape:
+            raise SchemaError(f"meta.arrays should hold {name} of shape {shape}, found {shapes.get(name)}")
+    for key in ("clock", "stream", "callbacks", "history"):
+        for name, where in _references(meta[key], f"meta.{key}"):
+            if not isinstance(name, str) or name not in shapes:
+                raise SchemaError(f"{where} refers to an array {name!r} that meta.arrays does not list")

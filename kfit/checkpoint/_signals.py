@@ -1,0 +1,74 @@
+"""SIGINT and SIGTERM while a checkpoint writer is active: finish the write, or save first, then stop.
+
+Schedulers preempt a job with SIGTERM (SLURM, Kubernetes; SIGKILL follows after a grace period) and a
+user stops one with Ctrl-C (SIGINT). Python's default for SIGTERM ends the process at once, abandoning a
+checkpoint being written on a background thread. A :class:`SignalGuard` installed for the time of a
+training run sees the signal first: its owner may finish its write or defer the signal (to save at the
+next step boundary), then the signal goes on to the handler that was there before (Ctrl-C raises
+``KeyboardInterrupt``; SIGTERM's default ends the process, with the usual "killed by SIGTERM" status).
+Handlers can only be set in the main thread: elsewhere the guard does nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class SignalGuard:
+    """Puts ``on_signal`` before the handlers of SIGINT and SIGTERM while installed.
+
+    Args:
+        on_signal: called with the signal number in the main thread; returns True when it takes care of
+            the signal later (it then calls :meth:`deliver`), False to pass it on now.
+    """
+
+    def __init__(self, on_signal: Callable[[int], bool]):
+        self._on_signal = on_signal
+        self._previous: dict[int, Any] = {}
+        self._handling = False
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._previous)
+
+    def install(self) -> None:
+        if self._previous or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in SIGNALS:
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._handle)
+
+    def uninstall(self) -> None:
+        """Puts the previous handlers back (leaving any handler set since by someone else)."""
+        previous, self._previous = self._previous, {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, handler in previous.items():
+            if signal.getsignal(signum) == self._handle:
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self._handling:  # the same signal again while the owner finishes a write: pass it on at once
+            self.deliver(signum, frame)
+            return
+        self._handling = True
+        try:
+            deferred = self._on_signal(signum)
+        finally:
+            self._handling = False
+        if not deferred:
+            self.deliver(signum, frame)
+
+    def deliver(self, signum: int, frame: Any = None) -> None:
+        """Uninstalls the guard and passes the signal to the handler that was there before it."""
+        previous = self._previous.get(signum, signal.SIG_DFL)
+        self.uninstall()
+        if callable(previous):
+            previous(signum, frame)  # Python's SIGINT handler raises KeyboardInterrupt here
+        elif previous != signal.SIG_IGN:
+            signal.raise_signal(signum)  # the default action: SIGTERM ends the process

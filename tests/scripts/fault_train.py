@@ -1,0 +1,154 @@
+"""Training runs for the fault tests (tests/test_checkpoint_faults.py): a full disk, signals, two writers.
+
+    python tests/scripts/fault_train.py MODE DIRECTORY [OPTIONS_JSON]
+
+Modes:
+  train      kfit.fit with a Checkpoint at DIRECTORY/run.ckpt; prints {"event": "step", "samples": S} after
+             each step, and on completion writes the final variables to DIRECTORY/result.npz. Options:
+             checkpoint (Checkpoint arguments), step_sleep (seconds per step), slow_write (seconds each
+             checkpoint write waits before it writes, after printing {"event": "writing", "n": n}),
+             fill_disk_at (samples: fill the disk once the clock passes it), epochs.
+  disk_full  OPTIONS_JSON maps scenario names to train options (or {"save_checkpoint": true}: save, fill
+             the disk, save again); each runs in DIRECTORY/<name>, catches the CheckpointError, empties the
+             disk again and prints a JSON report of what is on disk.
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import kfit  # noqa: E402
+from kfit.checkpoint import _format  # noqa: E402
+
+if keras.backend.backend() == "torch":
+    import torch
+
+    torch.set_num_threads(1)
+
+
+_say = threading.Lock()
+
+
+def say(**event) -> None:
+    """One JSON line, written whole (the checkpoint writer's thread says things too)."""
+    with _say:
+        sys.stdout.write(json.dumps(event) + "\n")
+        sys.stdout.flush()
+
+
+def fill(directory: str) -> None:
+    """Fills the file system of ``directory`` to the last byte."""
+    fd = os.open(os.path.join(directory, "filler"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        while True:
+            os.write(fd, b"\0" * 1024)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class Steps(kfit.callbacks.KfitCallback):
+    order = 150  # after the Checkpoint
+
+    def __init__(self, directory: str, sleep: float, fill_at: int | None, checkpoint):
+        super().__init__(name="steps")
+        self.directory, self.sleep, self.fill_at, self.checkpoint = directory, sleep, fill_at, checkpoint
+
+    def on_step_end(self, clock, logs):
+        say(event="step", samples=clock.samples)
+        if self.fill_at is not None and clock.samples >= self.fill_at:
+            self.checkpoint.wait()  # the write before is complete: the next one meets the full disk
+            fill(self.directory)
+            self.fill_at = None
+        if self.sleep:
+            time.sleep(self.sleep)
+
+
+def slow_writes(seconds: float) -> None:
+    real, count = _format._write_sealed, [0]
+
+    def write(temp, image):
+        count[0] += 1
+        say(event="writing", n=count[0])
+        time.sleep(seconds)
+        return real(temp, image)
+
+    _format._write_sealed = write
+
+
+def model_and_data():
+    keras.utils.set_random_seed(1234)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(96, 8)).astype("float32")
+    y = (x[:, :2] @ rng.normal(size=(2, 2))).astype("float32")
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="tanh"),
+                              keras.layers.Dropout(0.2, seed=3), keras.layers.Dense(2)])
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(learning_rate=0.01, momentum=0.9), loss="mse")
+    return model, x, y
+
+
+def train(directory: str, options: dict):
+    if options.get("slow_write"):
+        slow_writes(options["slow_write"])
+    model, x, y = model_and_data()
+    checkpoint = kfit.callbacks.Checkpoint(os.path.join(directory, "run.ckpt"), **options.get("checkpoint", {}))
+    steps = Steps(directory, options.get("step_sleep", 0.0), options.get("fill_disk_at"), checkpoint)
+    kfit.fit(model, x, y, minibatch_size=[8, 8, 16], epoch_size=96, epochs=options.get("epochs", 6), seed=3,
+             callbacks=[checkpoint, steps], verbose=0)
+    say(event="done", saves=checkpoint.saves, failed_writes=checkpoint.failed_writes)
+    return model
+
+
+def report(name: str, directory: str, error: BaseException | None) -> None:
+    path = os.path.join(directory, "run.ckpt")
+    try:
+        samples = kfit.checkpoint.read_checkpoint_info(path).samples
+    except kfit.checkpoint.CheckpointError as failure:
+        samples = f"unreadable: {failure}"
+    say(event="report", name=name, error=None if error is None else type(error).__name__, message=str(error or ""),
+        cause=type(getattr(error, "cause", None)).__name__, samples=samples, files=sorted(os.listdir(directory)))
+
+
+def disk_full(name: str, directory: str, options: dict) -> None:
+    """One scenario on the (nearly empty) disk: writes, the disk fills up, what happens is reported."""
+    os.mkdir(directory)
+    error = None
+    try:
+        if options.get("save_checkpoint"):
+            model, x, _ = model_and_data()
+            model(x[:1])
+            path = os.path.join(directory, "run.ckpt")
+            kfit.save_checkpoint(path, model, clock=kfit.Clock(samples=10, minibatches=1))
+            fill(directory)
+            kfit.save_checkpoint(path, model, clock=kfit.Clock(samples=20, minibatches=2))
+        else:
+            train(directory, options)
+    except kfit.checkpoint.CheckpointError as failure:
+        error = failure
+    os.remove(os.path.join(directory, "filler"))
+    report(name, directory, error)
+
+
+def main(mode: str, directory: str, options: dict) -> None:
+    if mode == "train":
+        model = train(directory, options)
+        arrays = {f"v{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(model.variables + model.optimizer.variables)}
+        np.savez(os.path.join(directory, "result.npz"), **arrays)
+    elif mode == "disk_full":
+        for name, scenario in options.items():
+            disk_full(name, os.path.join(directory, name), scenario)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]) if len(sys.argv) > 3 else {})
+    sys.stdout.flush()
+    os._exit(0)  # skip the backends' slow teardown (the files are written)

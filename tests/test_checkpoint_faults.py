@@ -1,0 +1,229 @@
+"""Faults around a checkpoint write, with real processes: a full disk, Ctrl-C, SIGTERM, two writers.
+
+A full disk is a small tmpfs mounted in a private mount namespace (``unshare -rm``, no root needed); the
+training child fills it after a first checkpoint, and reports what is on disk (the namespace and its files
+end with it). Signals are real signals sent to a training child.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import kfit
+from kfit.checkpoint import CheckpointLockedError, read_checkpoint_info
+
+SCRIPT = Path(__file__).parent / "scripts" / "fault_train.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("fault_train", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _env() -> dict:
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
+
+
+class Child:
+    """A training child whose JSON lines are collected on a thread."""
+
+    def __init__(self, args: list[str], prefix: list[str] | None = None):
+        self.process = subprocess.Popen((prefix or []) + [sys.executable, str(SCRIPT)] + args, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, env=_env())
+        self.events: list[dict] = []
+        self.stderr = ""
+        self._changed = threading.Condition()
+        self._threads = [threading.Thread(target=self._out, daemon=True), threading.Thread(target=self._err, daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    def _out(self) -> None:
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                with self._changed:
+                    self.events.append(json.loads(line))
+                    self._changed.notify_all()
+        with self._changed:
+            self.events.append({"event": "eof"})
+            self._changed.notify_all()
+
+    def _err(self) -> None:
+        self.stderr = self.process.stderr.read()
+
+    def wait_for(self, test, timeout: float = 120) -> dict:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for event in self.events:
+                    if test(event):
+                        return event
+                    if event["event"] == "eof":
+                        raise AssertionError(f"the child ended first: {self.finish()} {self.stderr[-3000:]}")
+                left = deadline - time.monotonic()
+                assert left > 0, "the child did not get there in time"
+                self._changed.wait(left)
+
+    def finish(self, timeout: float = 180) -> int:
+        code = self.process.wait(timeout=timeout)
+        for thread in self._threads:
+            thread.join(timeout=10)
+        return code
+
+
+def run(mode: str, directory, options: dict, prefix: list[str] | None = None) -> tuple[int, list[dict], str]:
+    child = Child([mode, str(directory), json.dumps(options)], prefix)
+    code = child.finish()
+    return code, child.events, child.stderr
+
+
+# -- a full disk ---------------------------------------------------------------------------------------
+def _unshare_works() -> bool:
+    try:
+        return subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.slow
+def test_disk_full_during_sync_async_and_save_checkpoint_writes(tmp_path):
+    """A 512 KB tmpfs in a private mount namespace; the child fills it after a first checkpoint."""
+    if not _unshare_works():
+        pytest.fail("`unshare -rm` does not work here: the full-disk tests need unprivileged user namespaces")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    train = {"checkpoint": {"frequency": 40}, "fill_disk_at": 50, "epochs": 2}
+    scenarios = {
+        "sync": dict(train, checkpoint={"frequency": 40, "async_write": False}),
+        "async": train,
+        "warn": dict(train, checkpoint={"frequency": 40, "on_write_error": "warn"}),
+        "save_checkpoint": {"save_checkpoint": True},
+    }
+    command = f'mount -t tmpfs -o size=512k tmpfs "{disk}" && exec "$0" "$@"'
+    code, events, stderr = run("disk_full", disk, scenarios, prefix=["unshare", "-rm", "sh", "-c", command])
+    assert code == 0, stderr[-3000:]  # no segfault: every scenario caught its error and reported
+    reports = {e["name"]: e for e in events if e["event"] == "report"}
+    assert reports.keys() == scenarios.keys(), (events, stderr[-3000:])
+    steps = [e["samples"] for e in events if e["event"] == "step"]
+    first = min(s for s in steps if s >= 40)  # the first checkpoint: the first step past 40 samples
+    for name in ("sync", "async", "save_checkpoint"):
+        report = reports[name]
+        assert report["error"] == "CheckpointWriteError" and report["cause"] == "OSError", report
+        assert f"Cannot write the checkpoint '{disk}/{name}/run.ckpt': No space left on device" in report["message"]
+        # The previous checkpoint is still the newest, intact; no temporary file is left, the lock is released.
+        assert report["samples"] == (10 if name == "save_checkpoint" else first), report
+        assert report["files"] == ["run.ckpt"], report
+    warned = reports["warn"]
+    assert warned["error"] is None and warned["samples"] == first and warned["files"] == ["run.ckpt"]
+    assert "Training goes on (on_write_error='warn')" in stderr
+    done = [e for e in events if e["event"] == "done"]  # trained to the end; every write after the first failed
+    assert len(done) == 1 and done[0]["failed_writes"] == done[0]["saves"] - 1 >= 1, done
+
+
+# -- signals -------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_ctrl_c_during_an_async_write_lets_it_finish(tmp_path):
+    options = {"checkpoint": {"frequency": 30}, "slow_write": 1.5, "epochs": 3}
+    child = Child(["train", str(tmp_path), json.dumps(options)])
+    child.wait_for(lambda e: e["event"] == "writing" and e["n"] == 2)
+    child.process.send_signal(signal.SIGINT)
+    code = child.finish()
+    steps = [e["samples"] for e in child.events if e["event"] == "step"]
+    assert code != 0 and "KeyboardInterrupt" in child.stderr, child.stderr[-3000:]
+    assert "finishing the checkpoint being written" in child.stderr
+    # The write in flight when Ctrl-C came (the second one, at the first step past 60 samples) completed.
+    second = min(s for s in steps if s >= 60)
+    assert read_checkpoint_info(tmp_path / "run.ckpt").samples == second
+    assert sorted(os.listdir(tmp_path)) == ["run.ckpt"]  # no temporary file, the lock released
+
+
+@pytest.mark.slow
+def test_sigterm_with_save_on_preemption_saves_and_resumes_bit_identically(tmp_path):
+    reference, preempted = tmp_path / "reference", tmp_path / "preempted"
+    reference.mkdir()
+    preempted.mkdir()
+    checkpoint = {"epochs": 100, "save_on_preemption": True}  # no periodic save: only the preemption's
+    script = _load_script()  # the run that is never interrupted: the same script, in this process
+    model = script.train(str(reference), {"checkpoint": checkpoint})
+    np.savez(reference / "result.npz", **{f"v{i}": keras.ops.convert_to_numpy(v.value)
+                                          for i, v in enumerate(model.variables + model.optimizer.variables)})
+
+    child = Child(["train", str(preempted), json.dumps({"checkpoint": checkpoint, "step_sleep": 0.05})])
+    child.wait_for(lambda e: e["event"] == "step" and e["samples"] >= 150)
+    child.process.send_signal(signal.SIGTERM)
+    code = child.finish()
+    assert code == -signal.SIGTERM, (code, child.stderr[-3000:])  # it ends as SIGTERM ends a process
+    assert "saved the checkpoint" in child.stderr
+    last = [e["samples"] for e in child.events if e["event"] == "step"][-1]
+    saved = read_checkpoint_info(preempted / "run.ckpt").samples
+    # No work lost: the state after the last step trained (the step that was running when SIGTERM came may
+    # have ended after the last one reported).
+    assert 150 <= last <= saved <= last + 16 < 6 * 96
+    assert sorted(os.listdir(preempted)) == ["run.ckpt"]
+
+    code, events, stderr = run("train", preempted, {"checkpoint": checkpoint})  # resumes from it
+    assert code == 0, stderr[-3000:]
+    first = next(e["samples"] for e in events if e["event"] == "step")
+    assert saved < first <= saved + 16  # went on from the preemption's checkpoint
+    expected, got = np.load(reference / "result.npz"), np.load(preempted / "result.npz")
+    assert sorted(expected.files) == sorted(got.files)
+    for name in expected.files:
+        assert np.array_equal(expected[name], got[name]), name
+
+
+# -- two writers ---------------------------------------------------------------------------------------
+def _fit(path, **checkpoint):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((16, 3), "float32"), np.ones((16, 1), "float32")
+    callbacks = [kfit.callbacks.Checkpoint(path, **checkpoint)]
+    return kfit.fit(model, x, y, minibatch_size=8, epochs=2, callbacks=callbacks, verbose=0), model
+
+
+def test_two_checkpoint_callbacks_on_one_path_are_refused(tmp_path):
+    path = tmp_path / "run.ckpt"
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((16, 3), "float32"), np.ones((16, 1), "float32")
+    first = kfit.callbacks.Checkpoint(path, keep=3, name="keep3")
+    second = kfit.callbacks.Checkpoint(path, keep=1, name="keep1")
+    with pytest.raises(CheckpointLockedError, match=r"run.ckpt' is in use by kfit Checkpoint callback 'keep3' in this process"):
+        kfit.fit(model, x, y, minibatch_size=8, epochs=1, callbacks=[first, second], verbose=0)
+    # That run ended with the error: the next one on the path takes the path over, and releases it at its end.
+    _fit(path)
+    assert sorted(os.listdir(tmp_path)) == ["run.ckpt"]
+    assert not first._lock.held
+
+
+@pytest.mark.slow
+def test_a_second_process_on_one_path_is_refused_naming_the_holder(tmp_path):
+    options = {"checkpoint": {"frequency": 30}, "step_sleep": 0.2, "epochs": 50}
+    child = Child(["train", str(tmp_path), json.dumps(options)])
+    try:
+        child.wait_for(lambda e: e["event"] == "step")
+        pid = child.process.pid
+        with pytest.raises(CheckpointLockedError, match=rf"in use by another process: kfit Checkpoint callback "
+                                                        rf"'checkpoint' of pid {pid} on host"):
+            _fit(tmp_path / "run.ckpt")
+        with pytest.raises(CheckpointLockedError, match=f"pid {pid}"):
+            kfit.save_checkpoint(tmp_path / "run.ckpt", _fit(tmp_path / "other.ckpt")[1])
+        assert child.process.poll() is None  # the holder trains on, undisturbed
+    finally:
+        child.process.kill()
+        child.finish()
+    _fit(tmp_path / "run.ckpt")  # the holder died: its lock went with it (the stale lock file is taken over)
+    assert read_checkpoint_info(tmp_path / "run.ckpt").samples == 32
