@@ -236,6 +236,11 @@ def set_global_seed_state(value: np.ndarray) -> None:
     global_seed_generator().state.assign(value)
 
 
+def initial_epoch(model: Any) -> int | None:
+    """What :func:`set_initial_epoch` set (None: nothing)."""
+    return getattr(model, "_initial_epoch", None)
+
+
 def data_adapter_base() -> type:
     """Keras's ``DataAdapter`` base class: ``model.fit`` takes an instance of it as ``x``."""
     from keras.src.trainers.data_adapters.data_adapter import DataAdapter as base

@@ -243,3 +243,34 @@ def test_resume_is_exact_for_layers_drawing_from_the_global_seed_generator(backe
     keras.random.normal((3,))  # and has used the global generator before training
     kfit.fit(resumed, x, y, callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)], **options)
     assert_same_weights(reference, resumed)
+
+
+def test_backup_and_restore_resumes_at_the_saved_epoch_as_under_model_fit(tmp_path):
+    x, y = regression_data(32)
+
+    class InterruptAt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 2:
+                raise RuntimeError("interrupted")
+
+    epochs_seen = {}
+    for loop in ("model.fit", "kfit.fit"):
+        backup_dir = tmp_path / loop
+        seen: list = []
+        recorder = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs, seen=seen: seen.append(epoch))
+        model = compiled(mlp())
+        fit = model.fit if loop == "model.fit" else (lambda *a, model=model, **k: kfit.fit(model, *a, seed=0, **k))
+        with pytest.raises(RuntimeError, match="interrupted"):
+            fit(x, y, batch_size=8, epochs=4, verbose=0, shuffle=False,
+                callbacks=[keras.callbacks.BackupAndRestore(str(backup_dir)), InterruptAt()])
+        history = fit(x, y, batch_size=8, epochs=4, verbose=0, shuffle=False,
+                      callbacks=[keras.callbacks.BackupAndRestore(str(backup_dir)), recorder])
+        epochs_seen[loop] = (seen, len(history.history["loss"]))
+    assert epochs_seen["kfit.fit"] == epochs_seen["model.fit"] == ([2, 3], 2)
+
+
+def test_backup_and_restore_next_to_a_kfit_checkpoint_is_refused(tmp_path):
+    x, y = regression_data(16)
+    with pytest.raises(ValueError, match="BackupAndRestore and kfit.callbacks.Checkpoint both restore.*give one"):
+        kfit.fit(compiled(mlp()), x, y, verbose=0, callbacks=[
+            keras.callbacks.BackupAndRestore(str(tmp_path / "b")), kfit.callbacks.Checkpoint(tmp_path / "c.ckpt")])

@@ -15,6 +15,7 @@ from typing import Any
 
 import keras
 
+from kfit import _backend
 from kfit.callbacks._base import PEERS_ATTRIBUTE, KfitCallback
 from kfit.checkpoint import CheckpointInfo, _format, _info, _lock, _signals, _state
 from kfit.checkpoint._format import CheckpointError, CheckpointMismatchError, CheckpointWriteError
@@ -379,7 +380,7 @@ class Checkpoint(KfitCallback):
         finally:
             self.release()
             if self._set_initial_epoch:
-                self._model._initial_epoch = None  # as set for model.fit by a restore; not for the next fit
+                _backend.set_initial_epoch(self._model, None)  # as set for model.fit by a restore; not for the next fit
                 self._set_initial_epoch = False
 
     def wait(self) -> None:
@@ -513,12 +514,12 @@ class Checkpoint(KfitCallback):
     def _resume_or_finish(self, info: CheckpointInfo) -> None:
         from kfit.callbacks import _run_status
 
-        restored_epoch = getattr(self._model, "_initial_epoch", None) if self._set_initial_epoch else info.epoch
+        restored_epoch = _backend.initial_epoch(self._model) if self._set_initial_epoch else info.epoch
         self.finished_before = _run_status.resume_or_finish(self, info, restored_epoch)
         context = get_context(self._model)
         if self.finished_before and (context is None or not context.kfit_fit):
             # model.fit checks stop_training only after a step: start it at its last epoch instead.
-            self._model._initial_epoch = (self.params or {}).get("epochs", restored_epoch)
+            _backend.set_initial_epoch(self._model, (self.params or {}).get("epochs", restored_epoch))
             self._set_initial_epoch = True
 
     def _for_model_fit(self, parts: _state.TrainingParts, restore: Any) -> None:
@@ -537,7 +538,7 @@ class Checkpoint(KfitCallback):
         if restore.history is not None:
             self._history_epochs = list(restore.history["epoch"])
         if epoch:
-            self._model._initial_epoch = epoch  # read by model.fit after on_train_begin, as BackupAndRestore does
+            _backend.set_initial_epoch(self._model, epoch)  # read by model.fit after on_train_begin
             self._set_initial_epoch = True
         if not self._noted_model_fit:
             self._noted_model_fit = True

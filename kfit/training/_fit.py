@@ -190,6 +190,7 @@ def fit(
         raise ValueError(f"Invalid value for argument `initial_epoch`: expected a non-negative integer. Received: initial_epoch={initial_epoch!r}")
     if class_weight is not None and sample_weight is not None:
         raise ValueError("Arguments `sample_weight` and `class_weight` cannot be given together (as in model.fit).")
+    _check_callbacks(callbacks)
 
     from kfit import distributed
 
@@ -224,6 +225,18 @@ def fit(
         steps_per_epoch, validation_steps, validation_batch_size, validation_freq,
         epoch_size, max_samples, seed, prefetch,
     ).run()
+
+
+def _check_callbacks(callbacks: list) -> None:
+    from kfit.callbacks._checkpoint import Checkpoint
+
+    if any(isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks) and any(
+            isinstance(c, Checkpoint) for c in callbacks):
+        raise ValueError(
+            "keras.callbacks.BackupAndRestore and kfit.callbacks.Checkpoint both restore the run when training "
+            "begins; give one. kfit's Checkpoint resumes exactly, also in the middle of an epoch; Keras's "
+            "BackupAndRestore restarts the saved epoch from its first minibatch."
+        )
 
 
 def _check_source_options(x: Any, minibatch_size: Any, epoch_size: Any, validation_split: float, callbacks: list) -> None:
@@ -303,6 +316,14 @@ class _RunControl(keras.callbacks.Callback):
         run = self.run
         model, clock = run.model, run.clock
         run.release_writes = _backend.hold_writes(model)
+        started_at = _backend.initial_epoch(model)
+        if started_at and clock.samples == 0 and run.source is None:
+            # Another callback (Keras's BackupAndRestore) restored an epoch number, as under model.fit: the
+            # run goes on from that epoch's first minibatch.
+            samples, minibatches = 0, 0
+            for _start, size in _plan.plan(0, 0, run.size_at, run.epoch_size, started_at * run.epoch_size):
+                samples, minibatches = samples + size, minibatches + 1
+            clock.samples, clock.minibatches = samples, minibatches
         if run.distributed:
             from kfit import distributed
 
