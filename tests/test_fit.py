@@ -297,3 +297,27 @@ def test_pydataset_input_with_a_minibatch_size_schedule():
     assert [s.samples for s in history.epoch_summaries] == [30, 30]
     with pytest.raises(ValueError, match="pass x only"):
         kfit.fit(model, Regression(), np.zeros(30), seed=0, verbose=0)
+
+
+@pytest.mark.parametrize("case", ["validation_freq_0", "closed_h5py", "uncompiled"])
+def test_clear_errors_before_training(case, tmp_path):
+    x, y = regression_data(16)
+    model = mlp()
+    kwargs = dict(seed=0, verbose=0)
+    if case == "validation_freq_0":
+        model = compiled(model)
+        kwargs.update(validation_data=(x, y), validation_freq=0)
+        match = r"`validation_freq`.*Received: validation_freq=0"
+    elif case == "closed_h5py":
+        model = compiled(model)
+        with h5py.File(tmp_path / "data.h5", "w") as f:
+            f["x"] = x
+            x = f["x"]
+        match = r"`x`: an h5py dataset whose file is closed"
+    else:
+        match = r"call `model.compile\(optimizer=..., loss=...\)` before kfit.fit"
+    before = weights(model) if model.built else None
+    with pytest.raises(ValueError, match=match):
+        kfit.fit(model, x, y, **kwargs)
+    if before is not None:
+        assert all(np.array_equal(a, b) for a, b in zip(before, weights(model)))

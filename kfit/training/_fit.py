@@ -191,6 +191,12 @@ def fit(
     if class_weight is not None and sample_weight is not None:
         raise ValueError("Arguments `sample_weight` and `class_weight` cannot be given together (as in model.fit).")
     _check_callbacks(callbacks)
+    _check_validation_freq(validation_freq)
+    for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
+        _check_open(name, part)
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
+        raise ValueError("You must call `model.compile(optimizer=..., loss=...)` before kfit.fit(model, ...), as "
+                         "before model.fit.")
 
     from kfit import distributed
 
@@ -225,6 +231,27 @@ def fit(
         steps_per_epoch, validation_steps, validation_batch_size, validation_freq,
         epoch_size, max_samples, seed, prefetch,
     ).run()
+
+
+def _check_validation_freq(validation_freq: Any) -> None:
+    valid = (isinstance(validation_freq, (int, np.integer)) and not isinstance(validation_freq, bool)
+             and validation_freq >= 1)
+    if not valid and isinstance(validation_freq, (list, tuple, set, range)):
+        valid = bool(validation_freq) and all(
+            isinstance(e, (int, np.integer)) and not isinstance(e, bool) and e >= 1 for e in validation_freq)
+    if not valid:
+        raise ValueError(
+            "Invalid value for argument `validation_freq`: expected a positive integer (validate every N epochs) or "
+            f"a collection of epoch numbers counted from 1. Received: validation_freq={validation_freq!r}")
+
+
+def _check_open(name: str, data: Any) -> None:
+    """An h5py dataset whose file was closed cannot be read: say so, not h5py's own error."""
+    for leaf in flatten(data) if data is not None else []:
+        if type(leaf).__module__.startswith("h5py") and hasattr(leaf, "id") and not leaf.id.valid:
+            raise ValueError(
+                f"Invalid value for argument `{name}`: an h5py dataset whose file is closed. Keep the file open "
+                "while training (e.g. train inside `with h5py.File(path) as f:`), or read it into memory first.")
 
 
 def _check_callbacks(callbacks: list) -> None:
