@@ -274,3 +274,13 @@ def test_backup_and_restore_next_to_a_kfit_checkpoint_is_refused(tmp_path):
     with pytest.raises(ValueError, match="BackupAndRestore and kfit.callbacks.Checkpoint both restore.*give one"):
         kfit.fit(compiled(mlp()), x, y, verbose=0, callbacks=[
             keras.callbacks.BackupAndRestore(str(tmp_path / "b")), kfit.callbacks.Checkpoint(tmp_path / "c.ckpt")])
+
+
+def test_the_keras_progress_bar_follows_each_epochs_steps_with_samples_per_second(capsys):
+    x, y = regression_data(100)
+    schedule = kfit.schedules.minibatch_size([16, 32], epoch_size=100)
+    kfit.fit(compiled(mlp()), x, y, minibatch_size=schedule, epochs=2, seed=0, verbose=1)
+    out = capsys.readouterr().out
+    first, second = out.split("Epoch 2/2")
+    assert "7/7" in first and "4/4" in second  # ceil(100 / 16) and ceil(100 / 32) steps
+    assert "samples/s:" in first and "samples/s:" in second

@@ -28,6 +28,7 @@ from kfit.data._stream import SampleStream, dataset_length, flatten, is_streamab
 from kfit.training import _plan
 from kfit.training._context import TrainingContext, attach_context
 from kfit.training._driver import PlanDriver
+from kfit.training._progress_bar import ProgressBar
 from kfit.training._summaries import EpochSummaries
 
 
@@ -584,7 +585,7 @@ class _StreamFit:
         end = min(clock.epoch_end(), self.stop_at)
         plan = list(_plan.plan(clock.samples, clock.minibatches, self.size_at, self.epoch_size, end))
         if self.progbar is not None:
-            self.progbar.target = len(plan)  # Keras's bar shows this epoch's steps
+            self.progbar.plan_epoch([size for _, size in plan])
         return plan
 
     # -- the run ---------------------------------------------------------------------------------
@@ -628,7 +629,7 @@ class _StreamFit:
                 extra += [_AgreedStop(), _AverageMetrics()]
             callbacks = ordered_callbacks(self.callbacks + extra) + [self.history]
             if self.verbose != 0 and self.source is None:
-                self.progbar = keras.callbacks.ProgbarLogger()
+                self.progbar = ProgressBar()
                 callbacks.append(self.progbar)
             if self.distributed:
                 distributed.prepare_model(model)

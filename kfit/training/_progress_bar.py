@@ -1,0 +1,52 @@
+"""Keras's progress bar for ``kfit.fit``: each epoch's own number of steps, and samples per second."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import keras
+
+SAMPLES_PER_SECOND = "samples/s"
+
+
+class ProgressBar(keras.callbacks.ProgbarLogger):
+    """Keras's ``ProgbarLogger``, told each epoch's steps by the plan, with the epoch's samples per second.
+
+    Keras draws it as under ``model.fit``; kfit's epochs can hold different numbers of steps (a
+    minibatch-size schedule, a resumed epoch, ``max_samples``), so the bar's target follows the plan.
+    """
+
+    #: Safe to run on Keras's asynchronous batch-end thread: it reads only what :meth:`plan_epoch` set.
+    async_safe = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cumulative: list[int] = []
+        self._started = 0.0
+
+    def plan_epoch(self, sizes: list[int]) -> None:
+        """Called with the epoch's minibatch sizes before its first step."""
+        self._cumulative = list(itertools.accumulate(sizes))
+        self.target = len(sizes)
+        if self.progbar is not None:
+            self.progbar.target = self.target
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        super().on_epoch_begin(epoch, logs)
+        self.progbar.stateless_metrics.add(SAMPLES_PER_SECOND)
+        self._started = time.perf_counter()
+
+    def _with_rate(self, steps: int, logs: dict | None) -> dict[str, Any]:
+        logs = dict(logs or {})
+        seconds = time.perf_counter() - self._started
+        if self._cumulative and steps > 0 and seconds > 0:
+            logs[SAMPLES_PER_SECOND] = self._cumulative[min(steps, len(self._cumulative)) - 1] / seconds
+        return logs
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._update_progbar(batch, self._with_rate(batch + 1, logs))
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._finalize_progbar(self._with_rate(self.target or self.seen, logs))
