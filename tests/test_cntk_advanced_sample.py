@@ -130,5 +130,5 @@ def test_section_6_3_sample_halves_the_rate_six_times_then_stops_and_tests(capsy
     assert progress.history["test_average_error"] == [pytest.approx(1.0 - expected["accuracy"], abs=1e-6)]
     assert progress.history["test_samples"] == [len(X_test)]
     assert test_callback_config.results["test_minibatches"] == math.ceil(len(X_test) / 32)
-    assert out.count("Finished Evaluation [1]: Minibatch[1-13]: metric = ") == 1
+    assert out.count("Finished Test: Minibatch[1-13]: 1 - accuracy = ") == 1
     assert 0.0 < progress.history["test_average_error"][0] < 0.2

@@ -275,7 +275,7 @@ def test_test_runs_once_at_the_end_and_reports_everywhere(capsys):
     assert recorder.tests == [test.results]
     assert len(history.history["loss"]) == 2  # the test is not an epoch
     error = (1.0 - expected["accuracy"]) * 100
-    assert f"Finished Evaluation [1]: Minibatch[1-4]: metric = {error:.2f}% * 200;" in capsys.readouterr().out
+    assert f"Finished Test: Minibatch[1-4]: 1 - accuracy = {error:.2f}% * 200;" in capsys.readouterr().out
 
 
 def test_test_under_plain_model_fit_and_quiet_with_a_progress_printer(capsys, tmp_path):
@@ -284,7 +284,7 @@ def test_test_under_plain_model_fit_and_quiet_with_a_progress_printer(capsys, tm
     x, y = digits(*TRAIN)
     history = model.fit(x, y, batch_size=50, epochs=1, verbose=0, callbacks=[test])
     assert history.history["test_samples"] == [200]
-    assert "Finished Evaluation" in capsys.readouterr().out
+    assert "Finished Test" in capsys.readouterr().out
 
     printer = kfit.callbacks.ProgressPrinter(log_to_file=str(tmp_path / "log.txt"))
     history = kfit.fit(model, x, y, minibatch_size=50, epoch_size=300, epochs=1, verbose=0,

@@ -26,8 +26,8 @@ class Test(KfitCallback):
       ``test_average_error``, ``test_samples`` and ``test_minibatches``;
     * to every kfit callback of the run through ``on_final_test_end(logs)`` (progress printers, CSV writers);
     * into :attr:`results` (None until the test has run);
-    * to stdout, as CNTK prints them: ``Finished Evaluation [1]: Minibatch[1-12]: metric = 3.06% * 360;``
-      (the error ``1 - accuracy`` in percent for an accuracy, else the value), unless the run has a
+    * to stdout, as CNTK prints them, with the metric named: ``Finished Test: Minibatch[1-12]: 1 - accuracy =
+      3.06% * 360;`` (the error ``1 - accuracy`` in percent for an accuracy, else the value), unless the run has a
       :class:`kfit.callbacks.ProgressPrinter`, which prints that line itself, or ``verbose=0``.
 
     Under ``kfit.fit`` it runs after the controllers (``order = 50``): a model whose best weights an
@@ -122,10 +122,10 @@ class Test(KfitCallback):
     @staticmethod
     def _line(key: str, value: float, samples: int, minibatches: int) -> str:
         if is_accuracy(key):
-            metric = f"metric = {(1.0 - value) * 100.0:.2f}%"
+            metric = f"1 - {key.removeprefix('test_')} = {(1.0 - value) * 100.0:.2f}%"
         else:
-            metric = f"metric = {value:.6f}"
-        return f"Finished Evaluation [1]: Minibatch[1-{minibatches}]: {metric} * {samples};"
+            metric = f"{key.removeprefix('test_')} = {value:.6f}"
+        return f"Finished Test: Minibatch[1-{minibatches}]: {metric} * {samples};"
 
     def _history(self) -> Any:
         from kfit.training._context import get_context
