@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The test suite: ruff, then pytest once per Keras backend (TensorFlow, JAX, PyTorch), doctests included.
+# The test suite: ruff, then pytest once per Keras backend (TensorFlow, JAX, PyTorch), doctests included, each
+# followed by Keras's own trainer and callback tests routed through kfit (scripts/keras_suite.sh); then kfit's
+# core tests on the oldest Keras that pyproject.toml allows (scripts/test_oldest_keras.sh).
 # On a fresh machine it first installs everything (scripts/setup.sh, Horovod included).
 #   bash scripts/test.sh                 # all three backends
 #   KFIT_BACKENDS="jax" bash scripts/test.sh -k stream    # one backend, extra pytest arguments
@@ -13,12 +15,13 @@ status=0
 summary=()
 for backend in ${KFIT_BACKENDS:-tensorflow jax torch}; do
   echo "=== KERAS_BACKEND=$backend ==="
-  if KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider "$@"; then
+  if KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider "$@" && bash scripts/keras_suite.sh "$backend"; then
     summary+=("$backend: passed")
   else
     summary+=("$backend: FAILED")
     status=1
   fi
 done
+bash scripts/test_oldest_keras.sh || { summary+=("oldest Keras: FAILED"); status=1; }
 printf '%s\n' "${summary[@]}"
 exit $status
