@@ -26,8 +26,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" !
   echo "$keras_min" >"$stamp"
 fi
 "$venv/bin/python" -c "import keras; print('Oldest Keras:', keras.__version__)"
-core=(tests/test_fit.py tests/test_stream.py tests/test_checkpoint.py tests/test_checkpoint_resume.py
-      tests/test_hyperparameter_callbacks.py tests/test_optimizers.py tests/test_keras_fidelity.py)
+core=()
+for f in tests/test_fit.py tests/test_stream.py tests/test_checkpoint.py tests/test_checkpoint_resume.py \
+         tests/test_hyperparameter_callbacks.py tests/test_optimizers.py tests/test_keras_fidelity.py; do
+  if [ -e "$f" ]; then core+=("$f"); else echo "note: $f is not in this checkout; not run"; fi
+done
 status=0
 summary=()
 for backend in ${KFIT_BACKENDS:-tensorflow jax torch}; do
