@@ -8,6 +8,8 @@
 # every test (to see the full plain/routed counts). A test that passes plainly and fails routed fails this
 # script unless tests/keras_suite/expected_failures.txt lists it for that backend. A test running longer
 # than KFIT_KERAS_SUITE_TIMEOUT seconds (default 60) fails.
+# One pytest run longer than KFIT_KERAS_SUITE_RUN_LIMIT seconds (default 1500) is killed and fails the backend:
+# the per-test limit is a SIGALRM, which a main thread blocked outside Python does not see (seen on torch).
 # KFIT_KERAS_SUITE_SUBSET=ci (the default, what scripts/test.sh runs) leaves out trainer_test.py's
 # steps_per_execution step-count tests (test_steps_per_execution_steps_count_*, *_unrolled_steps_*: about a
 # fifth of the time, compile-bound; they pass routed on TensorFlow and JAX); KFIT_KERAS_SUITE_SUBSET=full
@@ -49,7 +51,7 @@ suite_pytest() {  # BACKEND MODE PYTEST-ARGS...: one pytest run; fails only if p
   [ "$mode" = routed ] && flags+=(--kfit-route)
   echo "=== Keras suite, KERAS_BACKEND=$b, $mode ==="
   (cd "$out" && KERAS_BACKEND=$b TF_CPP_MIN_LOG_LEVEL=2 PYTHONPATH="$suite${PYTHONPATH:+:$PYTHONPATH}" \
-    python -m pytest -q -c "$suite/pytest.ini" --rootdir="$site" "${flags[@]}" "$@" \
+    timeout -k 30 "${KFIT_KERAS_SUITE_RUN_LIMIT:-1500}" python -m pytest -q -c "$suite/pytest.ini" --rootdir="$site" "${flags[@]}" "$@" \
     >"$out/$b-$mode.log" 2>&1) || rc=$?
   echo "$(tail -n 1 "$out/$b-$mode.log")  ($mode: $((SECONDS - start)) s)"
   if [ "$rc" -gt 1 ] && [ "$rc" -ne 5 ]; then  # 1: some tests failed, 5: none selected; else pytest failed
