@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# kfit's core tests (numerics, stream, checkpoint and resume, fidelity to model.fit) on the OLDEST Keras that
+# pyproject.toml allows ("keras>=X" -> keras==X), on TensorFlow, JAX and PyTorch.
+#   bash scripts/test_oldest_keras.sh                  # all three backends
+#   KFIT_BACKENDS=jax bash scripts/test_oldest_keras.sh -k resume
+# The venv is .venv-keras-oldest, created and filled once (like scripts/setup.sh; refilled when pyproject.toml
+# changes). TensorFlow is the newest whose declared requirements accept that Keras: tensorflow-cpu 2.21
+# requires keras>=3.12, so Keras 3.10 gets tensorflow-cpu 2.20. kfit is imported from this checkout (not
+# installed into the venv).
+set -euo pipefail
+[ "${KFIT_OLDEST_KERAS:-1}" = 0 ] && { echo "Oldest-Keras tests skipped (KFIT_OLDEST_KERAS=0)"; exit 0; }
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+keras_min=$(sed -n 's/^ *"keras>=\([0-9.]*\)".*/\1/p' pyproject.toml | head -n 1)
+[ -n "$keras_min" ] || { echo "no keras>=X in pyproject.toml" >&2; exit 1; }
+venv=.venv-keras-oldest
+if [ ! -x "$venv/bin/python" ]; then
+  "$PYTHON" -m venv "$venv"
+fi
+stamp="$venv/.kfit-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$keras_min" ]; then
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  # torch==2.13.0 is the CPU build; an unpinned torch would pull a multi-GB CUDA build.
+  "$venv/bin/python" -m pip install -q "keras==$keras_min" "tensorflow-cpu<2.21" "jax[cpu]" "torch==2.13.0" \
+    h5py numpy pytest scikit-learn
+  echo "$keras_min" >"$stamp"
+fi
+"$venv/bin/python" -c "import keras; print('Oldest Keras:', keras.__version__)"
+core=()
+for f in tests/test_fit.py tests/test_stream.py tests/test_checkpoint.py tests/test_checkpoint_resume.py \
+         tests/test_hyperparameter_callbacks.py tests/test_optimizers.py tests/test_keras_fidelity.py; do
+  if [ -e "$f" ]; then core+=("$f"); else echo "note: $f is not in this checkout; not run"; fi
+done
+status=0
+summary=()
+for backend in ${KFIT_BACKENDS:-tensorflow jax torch}; do
+  echo "=== Keras $keras_min, KERAS_BACKEND=$backend ==="
+  if KERAS_BACKEND=$backend PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}" \
+      "$venv/bin/python" -m pytest -q -p no:cacheprovider "${core[@]}" "$@"; then
+    summary+=("keras $keras_min, $backend: passed")
+  else
+    summary+=("keras $keras_min, $backend: FAILED")
+    status=1
+  fi
+done
+printf '%s\n' "${summary[@]}"
+exit $status
