@@ -3,10 +3,10 @@
 # kfit.fit(model, ..., seed=0) (kfit's own training path): every test that passes under plain Keras must pass.
 #   bash scripts/keras_suite.sh [BACKEND...]        # default: tensorflow jax torch
 #   bash scripts/keras_suite.sh jax -- -k "early_stopping or terminate"      # extra pytest arguments after --
-# Per backend: the tests run routed (tests/keras_suite/kfit_routing.py), then under plain Keras: by default
+# Per backend: the tests run routed (keras_suite/kfit_routing.py), then under plain Keras: by default
 # only the tests that did not pass routed (same verdict, half the time: CI); with KFIT_KERAS_SUITE_PLAIN=all,
 # every test (to see the full plain/routed counts). A test that passes plainly and fails routed fails this
-# script unless tests/keras_suite/expected_failures.txt lists it for that backend. A test running longer
+# script unless keras_suite/expected_failures.txt lists it for that backend. A test running longer
 # than KFIT_KERAS_SUITE_TIMEOUT seconds (default 60) fails.
 # One pytest run longer than KFIT_KERAS_SUITE_RUN_LIMIT seconds (default 1500) is killed and fails the backend:
 # the per-test limit is a SIGALRM, which a main thread blocked outside Python does not see (seen on torch).
@@ -18,7 +18,7 @@
 set -euo pipefail
 [ "${KFIT_KERAS_SUITE:-1}" = 0 ] && { echo "Keras suite skipped (KFIT_KERAS_SUITE=0)"; exit 0; }
 cd "$(dirname "$0")/.."
-suite="$(pwd)/tests/keras_suite"
+suite="$(pwd)/keras_suite"
 keras_dir=$(python -c "import os, keras; print(os.path.dirname(keras.__file__))" 2>/dev/null)
 site=$(dirname "$keras_dir")
 # Keras's tests that train through fit: every callback test (orbax_checkpoint_test.py needs the optional

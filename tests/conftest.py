@@ -31,9 +31,8 @@ try:  # absl's Python logger (used by TensorFlow and JAX): warnings and above on
 except ImportError:
     pass
 
-# Scripts that tests run in subprocesses (under horovodrun, or to be killed), and the harness that runs Keras's
-# own tests (scripts/keras_suite.sh): not test modules.
-collect_ignore_glob = ["scripts/*", "horovod_scripts/*", "keras_suite/*"]
+# Scripts that tests run in subprocesses (under horovodrun, or to be killed): not test modules.
+collect_ignore_glob = ["scripts/*", "horovod_scripts/*"]
 # Tests about one backend are collected only in that backend's run.
 collect_ignore = []
 if BACKEND != "tensorflow":

@@ -8,7 +8,7 @@ with ``-p conftest``.
 
 Vendored from https://github.com/keras-team/keras/blob/master/conftest.py (commit 3422977a5e). Left out:
 the OpenVINO exclusion list (kfit supports TensorFlow, JAX and PyTorch) and the GPU TF32 switches (the
-suite runs on CPU). Not collected by kfit's own test run (``tests/conftest.py`` ignores ``keras_suite/``).
+suite runs on CPU). Outside kfit's ``testpaths``: kfit's own test run never loads it (its name would shadow ``tests/conftest.py``).
 """
 
 try:

@@ -1,7 +1,7 @@
 """Compares a routed and a plain run of Keras's tests (see scripts/keras_suite.sh).
 
-    python tests/keras_suite/compare.py BACKEND PLAIN.json ROUTED.json EXPECTED_FAILURES.txt
-    python tests/keras_suite/compare.py --not-passed ROUTED.json ROOTDIR    # paths of tests to run plainly
+    python keras_suite/compare.py BACKEND PLAIN.json ROUTED.json EXPECTED_FAILURES.txt
+    python keras_suite/compare.py --not-passed ROUTED.json ROOTDIR    # paths of tests to run plainly
 
 Prints the counts, and each test that passes under plain Keras but not through kfit (with the first line
 of its error). Exits 1 if one of them is not listed for BACKEND in EXPECTED_FAILURES.txt, whose lines are
