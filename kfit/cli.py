@@ -99,9 +99,12 @@ def _inspect(args: argparse.Namespace) -> int:
 
 # -- kfit runs ---------------------------------------------------------------------------------------
 def _is_hdf5(path: str) -> bool:
+    """A checkpoint's first bytes: kfit's header (format 2) or HDF5's signature (format 1)."""
+    from kfit.checkpoint._format import MAGIC
+
     try:
         with open(path, "rb") as f:
-            return f.read(8) == _HDF5_SIGNATURE
+            return f.read(8) in (_HDF5_SIGNATURE, MAGIC)
     except OSError:
         return False
 

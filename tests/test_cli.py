@@ -59,7 +59,7 @@ def test_inspect_json_of_a_damaged_file(tmp_path, capsys):
     captured = capsys.readouterr()
     assert json.loads(captured.out) == {"path": str(bad), "checksum_ok": False,
                                         "problem": json.loads(captured.out)["problem"]}
-    assert "is not a readable HDF5 file" in json.loads(captured.out)["problem"]
+    assert "is not a kfit checkpoint" in json.loads(captured.out)["problem"]
     assert captured.err.startswith("kfit inspect: ")
 
 
