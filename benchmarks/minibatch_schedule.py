@@ -11,10 +11,11 @@ is low enough that each side trains for at least 30 seconds; as the backends dif
 is set per backend (``LR``; the same for both sides of a backend, so the ratio compares like with like).
 
 What is timed is what a user pays: each side starts from a fresh model (same initial weights), the clock
-starts just before its ``kfit.fit`` call and stops at the end of the epoch after
-which the validation accuracy first reaches the target. Inside that span everything counts: building the
-model, tracing and compiling the train step for every new minibatch shape (each size of the schedule and
-each epoch-end remainder), kfit's and Keras's per-epoch work. Only the validation itself (one
+starts just before its ``kfit.fit`` call and stops at the end of the epoch after which the validation
+accuracy first reaches the target. Inside that span everything counts: kfit.fit's set-up (the
+optimizer's variables included; the layers are built with the model, before the clock), tracing and
+compiling the train step for every new minibatch shape (each size of the schedule and each epoch-end
+remainder), kfit's and Keras's per-epoch work. Only the validation itself (one
 ``predict_on_batch`` per epoch end, its first compile included) is taken off the clock. Before the two
 sides, a throw-away model of another shape trains one step, so the backend's one-time start-up (XLA or
 TensorFlow runtime initialisation) is billed to neither side.
@@ -37,7 +38,7 @@ from _common import BACKENDS, run_per_backend, setup_threads  # noqa: E402
 MIN_SECONDS = 30.0
 SIZES = [16, 32, 64, 128, 256, 512]
 SWEEPS_PER_EPOCH = 10
-#: Learning rate per sample, per backend: low enough that the faster side trains >= 30 s on a 2-core machine.
+#: Learning rate per sample, per backend: low enough that the schedule side (the faster one) trains >= 30 s on a 2-core machine.
 LR = {"jax": 2.8e-6, "tensorflow": 1.2e-5, "torch": 8e-6}
 
 

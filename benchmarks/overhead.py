@@ -16,7 +16,8 @@ is the throughput relative to ``model.fit`` (A time / B time; 1.00 = as fast; th
 
 * ``wall med``: median wall time of A over median wall time of B — what a user sees;
 * ``wall best``: fastest A over fastest B — the least disturbed by other jobs on a shared machine;
-* ``cpu med``: median process CPU time (all threads) — less disturbed by other jobs than wall time (not immune: caches and threads are shared).
+* ``cpu med``: median process CPU time (all threads) — less disturbed by other jobs than wall time
+  (not immune: caches and cores are shared).
 
 Run:  python benchmarks/overhead.py  [--repeats 9] [--backends jax] [--samples 65536]
 """
