@@ -114,7 +114,7 @@ def measure(target: float, lr: float, max_seconds: float, sides: list[str]) -> N
     if "growing" in sides:
         results["schedule 16 -> 512"] = run(kfit.schedules.minibatch_size(SIZES, epoch_size=epoch_size))
     print(f"\ntarget validation accuracy {target:.2f} on digits ({n} training samples, epochs of {epoch_size}), learning rate {lr:g} per sample, "
-          f"momentum time constant 256; clock includes model build and every compile")
+          f"momentum time constant 256; clock includes kfit.fit's set-up and every compile")
     for name, timer in results.items():
         if timer.reached_at is None:
             print(f"{name:<20} did not reach the target in {timer.epochs} epochs (last {timer.last_accuracy:.3f})")
