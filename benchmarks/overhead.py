@@ -1,14 +1,25 @@
 """What kfit costs on top of ``model.fit``: throughput ratios, measured side by side in one process.
 
-For each backend (each in its own process) and minibatch sizes 64 and 256, on a small MLP:
+For each backend (each in its own process, one thread) and minibatch sizes 64 and 256, on a small MLP
+(32 -> 64 -> 64 -> 10, 65,536 samples per epoch), three runs alternate, one epoch each:
 
-* ``callbacks``: plain ``model.fit`` against the same ``model.fit`` with kfit's ``SampleClock``,
-  ``LearningRateSchedule`` (per sample) and ``MomentumSchedule`` (time constant) — target: at most 3% slower;
-* ``kfit.fit``: ``model.fit`` against ``kfit.fit`` on the same fixed-size work through kfit's own
-  loop (stream, prefetch, clock) — target: at most 3% slower.
+* ``model.fit``: plain Keras, the reference (A);
+* (a) ``model.fit + kfit schedule callbacks``: the same ``model.fit`` with kfit's ``SampleClock``,
+  ``LearningRateSchedule`` (per sample) and ``MomentumSchedule`` (time constant);
+* (b) ``kfit.fit(seed=0)``: the same work through kfit's stream path (Keras's ``model.fit`` fed by kfit's
+  data adapter, kfit's clock and plan).
 
-Runs alternate (A, B, A, B, ...) and the median epoch time of each is compared, so drift of the
-machine hits both sides alike. Run:  python benchmarks/overhead.py  [--repeats 7] [--backends jax]
+Each run is one ``fit`` call of one epoch, so both sides pay their own per-call set-up. Runs alternate
+(A, a, b, A, a, b, ...) after one warm-up call each, so drift of the machine hits all sides alike. The ratio
+is the throughput relative to ``model.fit`` (A time / B time; 1.00 = as fast; the target of issue #10 is
+>= 0.98 on every backend, at both sizes). Three ratios are printed:
+
+* ``wall med``: median wall time of A over median wall time of B — what a user sees;
+* ``wall best``: fastest A over fastest B — the least disturbed by other jobs on a shared machine;
+* ``cpu med``: median process CPU time (all threads) — less disturbed by other jobs than wall time
+  (not immune: caches and cores are shared).
+
+Run:  python benchmarks/overhead.py  [--repeats 9] [--backends jax] [--samples 65536]
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import BACKENDS, run_per_backend, setup_threads  # noqa: E402
 
+TARGET = 0.98
+
 
 def measure(backend: str, repeats: int, samples: int) -> None:
     import keras
@@ -30,6 +43,8 @@ def measure(backend: str, repeats: int, samples: int) -> None:
     import kfit
 
     setup_threads()
+    print(f"keras {keras.__version__}, backend {keras.backend.backend()}, kfit from {os.path.dirname(kfit.__file__)}",
+          flush=True)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(samples, 32)).astype("float32")
     y = (x[:, :10].argmax(axis=1)).astype("int64")
@@ -46,40 +61,54 @@ def measure(backend: str, repeats: int, samples: int) -> None:
                 kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample([1e-4, 5e-5], epoch_size=samples)),
                 kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant([0, 1024], epoch_size=samples))]
 
-    print(f"{'comparison':<34}{'batch':>6}{'A (s/epoch)':>13}{'B (s/epoch)':>13}{'B/A throughput':>16}")
+    rows = []
     for batch in (64, 256):
         runs = {
             "model.fit": lambda m, b=batch: m.fit(x, y, batch_size=b, epochs=1, verbose=0),
-            "model.fit + kfit schedule callbacks": lambda m, b=batch: m.fit(x, y, batch_size=b, epochs=1, verbose=0,
-                                                                            callbacks=schedule_callbacks(b)),
-            "kfit.fit (stream loop)": lambda m, b=batch: kfit.fit(m, x, y, minibatch_size=b, epochs=1, seed=0, verbose=0),
+            "(a) model.fit + schedule callbacks": lambda m, b=batch: m.fit(x, y, batch_size=b, epochs=1, verbose=0,
+                                                                           callbacks=schedule_callbacks(b)),
+            "(b) kfit.fit(seed=0)": lambda m, b=batch: kfit.fit(m, x, y, minibatch_size=b, epochs=1, seed=0, verbose=0),
         }
         models = {name: make_model() for name in runs}
         for name, run in runs.items():  # compile and warm up
             run(models[name])
-        times: dict[str, list[float]] = {name: [] for name in runs}
+        wall: dict[str, list[float]] = {name: [] for name in runs}
+        cpu: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(repeats):
             for name, run in runs.items():
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 run(models[name])
-                times[name].append(time.perf_counter() - start)
-        base = statistics.median(times["model.fit"])
+                wall[name].append(time.perf_counter() - start)
+                cpu[name].append(time.process_time() - start_cpu)
+        base, base_best, base_cpu = (statistics.median(wall["model.fit"]), min(wall["model.fit"]),
+                                     statistics.median(cpu["model.fit"]))
         for name in list(runs)[1:]:
-            t = statistics.median(times[name])
-            print(f"{name:<34}{batch:>6}{base:>13.4f}{t:>13.4f}{base / t:>16.3f}")
+            t = statistics.median(wall[name])
+            ratio = base / t
+            rows.append((name, batch, base, t, ratio, base_best / min(wall[name]), base_cpu / statistics.median(cpu[name])))
+
+    print(f"\nthroughput relative to plain model.fit, {repeats} alternating runs of one epoch ({samples} samples); "
+          f"target >= {TARGET}")
+    print(f"{'comparison':<36}{'batch':>6}{'A s/epoch':>11}{'B s/epoch':>11}{'wall med':>10}{'wall best':>11}"
+          f"{'cpu med':>9}  verdict")
+    for name, batch, base, t, ratio, best, cpu_ratio in rows:
+        verdict = "ok" if ratio >= TARGET else "BELOW TARGET"
+        print(f"{name:<36}{batch:>6}{base:>11.4f}{t:>11.4f}{ratio:>10.3f}{best:>11.3f}{cpu_ratio:>9.3f}  {verdict}")
+    print(f"RATIOS {backend} " + " ".join(f"{'a' if n.startswith('(a)') else 'b'}{b}={r:.3f}/{bst:.3f}/{c:.3f}"
+                                          for n, b, _, _, r, bst, c in rows), flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--backends", default=",".join(BACKENDS))
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--samples", type=int, default=16384)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--samples", type=int, default=65536)
     args = parser.parse_args()
     if args.backend:
         measure(args.backend, args.repeats, args.samples)
         return 0
-    print("B/A throughput: 1.00 = as fast as plain model.fit; the target is >= 0.97.")
+    print(f"Throughput relative to plain model.fit: 1.00 = as fast; the target is >= {TARGET}.")
     return run_per_backend(__file__, ["--repeats", str(args.repeats), "--samples", str(args.samples)],
                            args.backends.split(","))
 
