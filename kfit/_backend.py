@@ -107,13 +107,16 @@ def set_variable(model: Any, variable: Any, value: Any) -> None:
     state lives outside the Keras variables: the value is handed to the next step (see :func:`hold_writes`);
     without that hook the state is synced into the variables first, and Keras re-reads it.
     """
-    if BACKEND == "jax" and _state_is_held(model):
+    if BACKEND == "jax":
         writes = _pending_writes.get(model)
-        where = _position(model, variable) if writes is not None else None
-        if where is not None:
-            writes[id(variable)] = (*where, value)
-            return
-        model.jax_state_sync()
+        if _state_is_held(model):
+            where = _position(model, variable) if writes is not None else None
+            if where is not None:
+                writes[id(variable)] = (*where, value)
+                return
+            model.jax_state_sync()
+        elif writes:
+            writes.pop(id(variable), None)  # the variable itself holds the newer value: no older write after it
     variable.assign(value)
 
 

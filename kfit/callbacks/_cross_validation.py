@@ -151,6 +151,13 @@ class _Minibatches(keras.utils.PyDataset):
     def __len__(self) -> int:
         return math.ceil(self.num_samples / self.batch_size)
 
+    def parts(self) -> tuple:
+        return self.data.x, self.data.y, self.data.sample_weight
+
+    def in_memory(self) -> bool:
+        """True when every array is a NumPy array (no h5py dataset to read by minibatch)."""
+        return all(isinstance(leaf, np.ndarray) for part in self.parts() for leaf in flatten(part) if leaf is not None)
+
 
     def __getitem__(self, index: int) -> tuple:
         lo = index * self.batch_size
@@ -164,7 +171,7 @@ class _Minibatches(keras.utils.PyDataset):
 
 
 class _SourceBatches:
-    """A source's minibatches as a generator that counts them (``num_samples`` and ``len`` once read)."""
+    """A source's minibatches, read (up to ``max_samples`` samples) and counted (``num_samples``, ``len``)."""
 
     def __init__(self, source: Any, max_samples: int | None):
         self.source, self.max_samples = source, max_samples
@@ -174,19 +181,26 @@ class _SourceBatches:
     def __len__(self) -> int:
         return self.count
 
-    def __iter__(self) -> Any:
+    def read(self) -> tuple:
+        """The minibatches, read now and laid end to end: ``(x, y, sample_weight, batch_size)`` arrays that
+        Keras's own array path evaluates in minibatches of the source's size."""
         from kfit import _backend
         from kfit.data._source import batch_size_of
 
         inner = _backend.keras_data_adapter(self.source, None, None, None, None, False, None)
         inner.on_epoch_begin()
+        batches, sizes = [], []
         for batch in inner.get_numpy_iterator():
             if self.max_samples is not None and self.num_samples >= self.max_samples:
                 break
-            self.num_samples += batch_size_of(batch)
-            self.count += 1
-            yield batch if isinstance(batch, tuple) else (batch,)
+            sizes.append(batch_size_of(batch))
+            self.num_samples += sizes[-1]
+            batches.append(batch if isinstance(batch, tuple) else (batch,))
         inner.on_epoch_end()
+        self.count = len(batches)
+        parts = [keras.tree.map_structure(lambda *leaves: np.concatenate(leaves), *part) if part[0] is not None
+                 else None for part in zip(*batches)]
+        return (*parts, *[None] * (3 - len(parts)), max(sizes) if sizes else None)
 
 
 def check_minibatch_size(value: Any, owner: str) -> Any:
@@ -252,8 +266,15 @@ def evaluate(model: Any, batches: Any) -> dict[str, Any]:
     ``model.evaluate`` resets the metrics that training accumulates over the epoch; their values are put
     back afterwards, so an evaluation in the middle of an epoch does not change the epoch's logs.
     """
-    data = iter(batches) if isinstance(batches, _SourceBatches) else batches
-    return _keeping_training_state(model, lambda: model.evaluate(data, verbose=0, return_dict=True))
+    if isinstance(batches, _SourceBatches):
+        x, y, sample_weight, size = batches.read()
+        return _keeping_training_state(model, lambda: model.evaluate(
+            x, y, sample_weight=sample_weight, batch_size=size, verbose=0, return_dict=True))
+    if batches.in_memory():  # NumPy arrays: Keras's own array path (its rules for shapes and dict inputs)
+        x, y, sample_weight = (_rows(p, 0, batches.num_samples) for p in batches.parts())
+        return _keeping_training_state(model, lambda: model.evaluate(
+            x, y, sample_weight=sample_weight, batch_size=batches.batch_size, verbose=0, return_dict=True))
+    return _keeping_training_state(model, lambda: model.evaluate(batches, verbose=0, return_dict=True))
 
 
 def _keeping_training_state(model: Any, run: Callable[[], dict]) -> dict[str, Any]:
