@@ -46,13 +46,14 @@ def _bound_reached(model: Any, params: dict | None, epochs_done: int) -> str | N
     """The bound this run reached (``"reached epochs=4"``), or None while it has training left."""
     context = get_context(model)
     clock = get_clock(model)
-    if context is not None and context.kfit_fit and clock is not None and clock.epoch_size:
+    if context is not None and context.kfit_fit and clock is not None:
         if context.max_samples is not None and clock.samples >= context.max_samples:
-            if context.epochs is None or context.max_samples <= context.epochs * clock.epoch_size:
+            if context.epochs is None or not clock.epoch_size or context.max_samples <= context.epochs * clock.epoch_size:
                 return f"reached max_samples={context.max_samples}"
-        if context.epochs is not None and clock.samples >= context.epochs * clock.epoch_size:
-            return f"reached epochs={context.epochs}"
-        return None
+        if clock.epoch_size:
+            if context.epochs is not None and clock.samples >= context.epochs * clock.epoch_size:
+                return f"reached epochs={context.epochs}"
+            return None
     epochs = (params or {}).get("epochs")
     if epochs is None and context is not None:
         epochs = context.epochs
@@ -63,11 +64,11 @@ def _bound_reached(model: Any, params: dict | None, epochs_done: int) -> str | N
 
 def status(model: Any, callbacks: list, params: dict | None, epochs_done: int, interrupted: bool) -> dict[str, Any]:
     """``{"status": "running" | "complete" | "stopped", "reason": ...}`` for a checkpoint written now."""
+    reached = _bound_reached(model, params, epochs_done)
+    if reached is not None and not interrupted:  # (a source that batches itself stops at max_samples this way)
+        return {"status": "complete", "reason": reached}
     if model.stop_training and not interrupted:
         return {"status": "stopped", "reason": _stop_reason(model, callbacks, get_clock(model))}
-    reached = _bound_reached(model, params, epochs_done)
-    if reached is not None:
-        return {"status": "complete", "reason": reached}
     return {"status": "running", "reason": None}
 
 

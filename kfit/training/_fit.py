@@ -23,7 +23,7 @@ from kfit.callbacks._sample_clock import SampleClock
 from kfit.clock import Clock, attach_clock
 from kfit.data._adapter import StreamAdapter, declared_batches, pack_batch
 from kfit.data._pydataset import PyDatasetStream
-from kfit.data._source import SourceAdapter, SourceDriver
+from kfit.data._source import SourceAdapter, SourceDriver, batch_size_of
 from kfit.data._stream import SampleStream, dataset_length, flatten, is_streamable, pack
 from kfit.training import _plan
 from kfit.training._context import TrainingContext, attach_context
@@ -595,6 +595,8 @@ class _StreamFit:
         clock = self.clock
         if self.source is not None:
             first = next(iter(self.source.inner.get_numpy_iterator()))
+            # Until a step's batch is read (tf.data reads on its own thread), its size is taken as the first's.
+            clock.minibatch_size = clock.minibatch_size or batch_size_of(first)
             return self.source, SourceDriver(self.model, self.source), first, self.fixed_size
         workers = self.stream.num_workers
         adapter = StreamAdapter(
@@ -642,6 +644,7 @@ class _StreamFit:
                     validation_data=self.validation_data, validation_steps=self.validation_steps,
                     validation_batch_size=self.validation_batch_size or validation_size,
                     validation_freq=self.validation_freq, initial_epoch=0,
+                    steps_per_epoch=self.source.steps_per_epoch if self.source is not None else None,
                 )
         finally:
             self.release_writes()
