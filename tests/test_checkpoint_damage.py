@@ -14,7 +14,6 @@ import os
 import random
 from pathlib import Path
 
-import keras
 import pytest
 
 SWEEP = Path(__file__).parent.parent / "benchmarks" / "checkpoint_damage.py"
@@ -28,8 +27,6 @@ def _load_sweep():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                    reason="backend-independent file test (h5py and NumPy only), run once: under tensorflow")
 def test_no_damaged_byte_crashes_hangs_or_loads(tmp_path):
     sweep = _load_sweep()
     newest, older = sweep.make_checkpoints(str(tmp_path))
