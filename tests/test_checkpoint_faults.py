@@ -225,5 +225,8 @@ def test_a_second_process_on_one_path_is_refused_naming_the_holder(tmp_path):
     finally:
         child.process.kill()
         child.finish()
-    _fit(tmp_path / "run.ckpt")  # the holder died: its lock went with it (the stale lock file is taken over)
+    # The holder died: its lock went with it (the stale lock file is taken over). Whether the holder wrote a
+    # checkpoint before it was killed depends on the machine's speed, and its optimizer is not this one's:
+    # start over instead of resuming, so that the outcome does not depend on timing.
+    _fit(tmp_path / "run.ckpt", restore=False)
     assert read_checkpoint_info(tmp_path / "run.ckpt").samples == 32
