@@ -7,20 +7,10 @@ units: an epoch is ``epoch_size`` samples, decoupled from sweeps over the data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-CLOCK_ATTRIBUTE = "_kfit_clock"
-
-
-def _check_count(name: str, value: Any, *, allow_none: bool = False, positive: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < (1 if positive else 0):
-        kind = "a positive integer" if positive else "a non-negative integer"
-        if allow_none:
-            kind += " or None"
-        raise ValueError(f"Invalid value for argument `{name}`: expected {kind}. Received: {name}={value!r}")
+from kfit import _checks
 
 
 @dataclass
@@ -44,14 +34,11 @@ class Clock:
     minibatches: int = 0
     epoch_size: int | None = None
     minibatch_size: int | None = None
-    #: Under plain ``model.fit`` an object that sets the minibatch size and advances the clock from
-    #: the Keras batch hooks (see :class:`kfit.callbacks.SampleClock`); None under ``kfit.fit``.
-    driver: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _check_count("samples", self.samples)
-        _check_count("minibatches", self.minibatches)
-        _check_count("epoch_size", self.epoch_size, allow_none=True, positive=True)
+        _checks.count("samples", self.samples)
+        _checks.count("minibatches", self.minibatches)
+        _checks.count("epoch_size", self.epoch_size, low=1, allow_none=True)
 
     @property
     def epoch(self) -> int:
@@ -75,7 +62,7 @@ class Clock:
 
     def advance(self, samples: int) -> None:
         """Counts one training step of ``samples`` global samples."""
-        _check_count("samples", samples, positive=True)
+        _checks.count("samples", samples, low=1)
         self.samples += samples
         self.minibatches += 1
 
@@ -93,8 +80,8 @@ class Clock:
         missing = {"samples", "minibatches"} - set(state)
         if missing:
             raise ValueError(f"Clock state is missing {sorted(missing)}. Received: {state!r}")
-        _check_count("samples", state["samples"])
-        _check_count("minibatches", state["minibatches"])
+        _checks.count("samples", state["samples"])
+        _checks.count("minibatches", state["minibatches"])
         self.samples = int(state["samples"])
         self.minibatches = int(state["minibatches"])
         if state.get("epoch_size") is not None:
@@ -103,11 +90,30 @@ class Clock:
 
 
 def attach_clock(model: Any, clock: Clock) -> Clock:
-    """Makes ``clock`` the clock that kfit's callbacks on ``model`` read."""
-    object.__setattr__(model, CLOCK_ATTRIBUTE, clock)
+    """Makes ``clock`` the clock that kfit's callbacks handed ``model`` read, until the next run on ``model``
+    begins: for driving kfit callbacks by hand (a custom loop, a test). Nothing is set on the model.
+
+    Example:
+        >>> import kfit
+        >>> # clock = kfit.clock.attach_clock(model, kfit.Clock(epoch_size=1000)); callback.set_model(model)
+    """
+    from kfit._run import Run, current_run, start
+
+    run = current_run(model)
+    if run is None or run.begun:
+        run = start(Run(model))
+    run.clock, run.manual = clock, True  # callbacks handed the model already (not training yet) read it too
     return clock
 
 
 def get_clock(model: Any) -> Clock | None:
-    """The clock attached to ``model`` by :func:`kfit.fit` or :class:`kfit.callbacks.SampleClock`."""
-    return getattr(model, CLOCK_ATTRIBUTE, None)
+    """The clock of the run in progress on ``model`` (by :func:`kfit.fit`, or by plain ``model.fit`` with a
+    :class:`kfit.callbacks.SampleClock`), else the clock its last run ended with; None if it has none.
+
+    Example:
+        >>> # history = kfit.fit(model, x, y, minibatch_size=32, max_samples=1000)
+        >>> # kfit.get_clock(model).samples  -> 1000
+    """
+    from kfit._run import last_clock
+
+    return last_clock(model)

@@ -18,7 +18,6 @@ from kfit.callbacks import (
     LearningRateSchedule,
     ReduceLROnPlateau,
 )
-from kfit.callbacks._base import PEERS_ATTRIBUTE
 from kfit.clock import Clock, attach_clock
 
 
@@ -32,7 +31,6 @@ class FakeRun:
         model.compile(optimizer=keras.optimizers.SGD(learning_rate), loss="mse")
         self.model = model
         self.clock = attach_clock(model, Clock(epoch_size=epoch_size))
-        object.__setattr__(model, PEERS_ATTRIBUTE, [])
         cv = CrossValidation((np.zeros((4, 2), "float32"), np.zeros((4, 1), "float32")))
         self.schedule = schedule
         self.callbacks = [cv, *([schedule] if schedule else []), *controllers]

@@ -102,7 +102,7 @@ def test_false_at_index_k_stops_after_k_plus_one_frequencies(stop_index):
     calls = []
 
     def callback(index, average_error, num_samples, num_minibatches):
-        calls.append((index, model._kfit_clock.samples))
+        calls.append((index, kfit.get_clock(model).samples))
         return index != stop_index
 
     cv = CrossValidation(digits(*VAL), frequency=frequency, minibatch_size=50, callback=callback)

@@ -6,28 +6,37 @@ from typing import Any
 
 import keras
 
-from kfit.clock import Clock, get_clock
-
-PEERS_ATTRIBUTE = "_kfit_peers"
+from kfit import _run
+from kfit.clock import Clock
 
 NO_CLOCK_MESSAGE = (
-    "{name} needs kfit's sample clock, and none is attached to the model. Train with "
+    "{name} needs kfit's sample clock, and this run has none. Train with "
     "kfit.fit(model, ...), or, under plain model.fit, add kfit.callbacks.SampleClock(batch_size=B, "
     "num_samples=len(x)) to the callbacks (it tells kfit how many samples each step consumes)."
 )
 
 
 def _flushing(hook: Any) -> Any:
-    """Wraps an epoch/train hook so that, under plain model.fit, the clock has counted the last step."""
+    """Wraps an epoch/train hook so that the clock has counted the last step (a step is counted at its batch
+    end only when some callback makes Keras dispatch batch ends synchronously); marks the run begun, and
+    ended after every one of its kfit callbacks' ``on_train_end``."""
+
+    name = getattr(hook, "__name__", "hook")
 
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        clock = get_clock(getattr(self, "_model", None)) if getattr(self, "_model", None) is not None else None
-        if clock is not None and clock.driver is not None:
-            clock.driver.flush(clock)
-        return hook(self, *args, **kwargs)
+        run = getattr(self, "_run", None)
+        if run is None:
+            return hook(self, *args, **kwargs)
+        run.flush()
+        run.begun = True
+        try:
+            return hook(self, *args, **kwargs)
+        finally:
+            if name == "on_train_end":
+                run.member_ended(self)
 
     wrapper._kfit_flushes = True
-    wrapper.__name__ = getattr(hook, "__name__", "hook")
+    wrapper.__name__ = name
     wrapper.__doc__ = getattr(hook, "__doc__", None)
     wrapper.__wrapped__ = hook
     return wrapper
@@ -60,33 +69,31 @@ class KfitCallback(keras.callbacks.Callback):
             raise ValueError(f"Invalid value for argument `name`: expected a non-empty string. Received: name={name!r}")
         self.name = name or self.default_name
 
-    # -- the clock -------------------------------------------------------------------------------
+    # -- the run and its clock --------------------------------------------------------------------
+    @property
+    def training_run(self) -> _run.Run:
+        """The run this callback is part of (joined when Keras hands it the model)."""
+        run = getattr(self, "_run", None)
+        if run is None:
+            raise RuntimeError(f"{type(self).__name__} is not part of a training run yet: give it to kfit.fit's or "
+                               "model.fit's callbacks.")
+        return run
+
     @property
     def clock(self) -> Clock:
         """The clock of the run this callback is part of."""
-        model = getattr(self, "_model", None)
-        clock = get_clock(model) if model is not None else None
+        clock = getattr(getattr(self, "_run", None), "clock", None)
         if clock is None:
             raise RuntimeError(NO_CLOCK_MESSAGE.format(name=type(self).__name__))
         return clock
 
     def set_model(self, model: Any) -> None:
         super().set_model(model)
-        peers = getattr(model, PEERS_ATTRIBUTE, None)
-        if peers is None:
-            peers = []
-            object.__setattr__(model, PEERS_ATTRIBUTE, peers)
-        if not any(p is self for p in peers):
-            peers.append(self)
+        self._run = _run.join(model, self)
 
     def peers(self) -> list:
         """The kfit callbacks of the current run (this one included), in calling order."""
-        from kfit.training._context import get_context
-
-        context = get_context(self._model)
-        if context is not None:
-            return [c for c in context.callbacks if isinstance(c, KfitCallback)]
-        return list(getattr(self._model, PEERS_ATTRIBUTE, []))
+        return [c for c in self.training_run.callbacks if isinstance(c, KfitCallback)]
 
     def publish(self, hook: str, *args: Any) -> None:
         """Calls ``hook(*args)`` on every kfit callback of the run (e.g. ``on_cross_validation_end``)."""
@@ -100,15 +107,15 @@ class KfitCallback(keras.callbacks.Callback):
 
     # -- hooks -----------------------------------------------------------------------------------
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        clock = self.clock
-        if clock.driver is not None and clock.driver.batch_begin(clock, batch) is False:
+        clock, driver = self.clock, self._run.driver
+        if driver is not None and driver.batch_begin(clock, batch) is False:
             return  # the epoch's data ended: Keras finds no step to run
         self.on_step_begin(clock)
 
     def _dispatch_step_end(self, batch: int, logs: dict | None = None) -> None:
-        clock = self.clock
-        if clock.driver is not None:
-            clock.driver.batch_end(clock)
+        clock, driver = self.clock, self._run.driver
+        if driver is not None:
+            driver.batch_end(clock)
         self.on_step_end(clock, logs)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -118,9 +125,17 @@ class KfitCallback(keras.callbacks.Callback):
         if "on_step_end" in cls.__dict__ and "on_train_batch_end" not in cls.__dict__:
             cls.on_train_batch_end = KfitCallback._dispatch_step_end
         # Under plain model.fit the clock counts a finished step at the next hook that reads it.
-        for hook in ("on_epoch_begin", "on_epoch_end", "on_train_end"):
+        for hook in ("on_train_begin", "on_epoch_begin", "on_epoch_end", "on_train_end"):
             if hook in cls.__dict__ and not getattr(cls.__dict__[hook], "_kfit_flushes", False):
                 setattr(cls, hook, _flushing(cls.__dict__[hook]))
+
+    @_flushing
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        pass
+
+    @_flushing
+    def on_train_end(self, logs: dict | None = None) -> None:
+        pass
 
     def on_step_begin(self, clock: Clock) -> None:
         """Called before each training step."""

@@ -15,12 +15,11 @@ from typing import Any
 
 import keras
 
-from kfit import _backend
-from kfit.callbacks._base import PEERS_ATTRIBUTE, KfitCallback
+from kfit import _backend, _checks, _run
+from kfit.callbacks._base import KfitCallback
 from kfit.checkpoint import CheckpointInfo, _format, _info, _lock, _signals, _state
 from kfit.checkpoint._format import CheckpointError, CheckpointMismatchError, CheckpointWriteError
-from kfit.clock import Clock, get_clock
-from kfit.training._context import get_context
+from kfit.clock import Clock
 
 MODEL_FIT_NOTE = (
     "Checkpoint under plain model.fit: the weights, optimizer, metrics, clock and callback states are "
@@ -85,9 +84,6 @@ class _BackgroundWriter:
                 print(f"kfit: a checkpoint write failed: {error}", file=sys.stderr)
 
 
-def _check_count(name: str, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"Invalid value for argument `{name}`: expected a positive integer or None. Received: {name}={value!r}")
 
 
 class Checkpoint(KfitCallback):
@@ -189,8 +185,8 @@ class Checkpoint(KfitCallback):
         path = os.fspath(path)
         if os.path.isdir(path):
             raise ValueError(f"Invalid value for argument `path`: {path!r} is a directory; give a file name in it, e.g. {os.path.join(path, 'model.ckpt')!r}.")
-        _check_count("frequency", frequency)
-        _check_count("epochs", epochs)
+        _checks.count("frequency", frequency, low=1, allow_none=True)
+        _checks.count("epochs", epochs, low=1, allow_none=True)
         if frequency is not None and epochs is not None:
             raise ValueError(f"Give a checkpoint frequency either in samples or in epochs, not both. Received: frequency={frequency!r}, epochs={epochs!r}")
         from kfit.checkpoint import _check_keep
@@ -226,7 +222,6 @@ class Checkpoint(KfitCallback):
         self.failed_writes = 0
         self._writer = _BackgroundWriter()
         self._lock = _lock.PathLock(path, f"kfit Checkpoint callback {self.name!r}", active=self._holds_run)
-        self._in_kfit_fit = False
         self._guard = _signals.SignalGuard(self._on_signal)
         self._training = False
         self._preempted: int | None = None
@@ -240,17 +235,12 @@ class Checkpoint(KfitCallback):
         self._set_initial_epoch = False
 
     # -- the run's parts -------------------------------------------------------------------------
-    def _parts(self) -> _state.TrainingParts:
-        model = self._model
-        if get_context(model) is not None:
-            return _state.training_parts(model)
-        # Plain model.fit: the kfit callbacks of this model.fit call (they share its params dict).
-        peers = list(getattr(model, PEERS_ATTRIBUTE, []))
-        if self.params:
-            peers = [p for p in peers if getattr(p, "params", None) is self.params]
-        history = getattr(model, "history", None)
-        history = history if isinstance(history, keras.callbacks.History) else None
-        return _state.TrainingParts(model, get_clock(model), None, peers, history, kfit_fit=False)
+    def _parts(self) -> _run.Run:
+        run = self.training_run
+        if run.history is None:  # plain model.fit: the History Keras made for this call
+            history = getattr(self._model, "history", None)
+            run.history = history if isinstance(history, keras.callbacks.History) else None
+        return run
 
     def _chief(self) -> bool:
         from kfit import distributed
@@ -286,15 +276,14 @@ class Checkpoint(KfitCallback):
             self.release()
             raise
         self._training = True
-        self._in_kfit_fit = get_context(self._model) is not None
         self._guard.install()
 
     def _holds_run(self) -> bool:
         """Training with this callback is under way (False after a run that ended with an exception, which
-        Keras does not report to callbacks: kfit.fit's run context is gone then)."""
+        Keras does not report to callbacks: kfit.fit has ended its run then)."""
         if not self._training:
             return False
-        return get_context(self._model) is not None if self._in_kfit_fit else True
+        return not self.training_run.kfit_fit or _run.current_run(self._model) is self.training_run
 
     def _check_writable(self) -> None:
         from kfit.checkpoint import _make_directory
@@ -320,15 +309,15 @@ class Checkpoint(KfitCallback):
             self._history_epochs = None
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        if get_clock(self._model) is not None:  # plain model.fit without a SampleClock: epochs only
+        if self.training_run.clock is not None:  # plain model.fit without a SampleClock: epochs only
             super().on_train_batch_begin(batch, logs)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self._steps_unsaved += 1
-        if get_clock(self._model) is not None:
+        if self.training_run.clock is not None:
             self._dispatch_step_end(batch, logs)  # KfitCallback's batch-end hook: counts the step, on_step_end
         if self._preempted is not None and not self._preempt_at_epoch_end:
-            clock = get_clock(self._model)
+            clock = self.training_run.clock
             if clock is not None and clock.epoch_size and clock.samples_in_epoch == 0:
                 self._preempt_at_epoch_end = True  # save after the epoch's end (history, validation)
             else:
@@ -353,11 +342,7 @@ class Checkpoint(KfitCallback):
     def _training_ends(self, clock: Clock) -> bool:
         if self._model.stop_training:
             return True
-        context = get_context(self._model)
-        if context is None or not clock.epoch_size:
-            return False
-        bounds = [b for b in (context.max_samples, None if context.epochs is None else context.epochs * clock.epoch_size) if b]
-        return bool(bounds) and clock.samples >= min(bounds)
+        return bool(clock.epoch_size) and self.training_run.bound_reached() is not None
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._epochs_done = epoch + 1
@@ -450,7 +435,7 @@ class Checkpoint(KfitCallback):
         self._guard.deliver(signum)
 
     def _samples(self) -> int | None:
-        clock = get_clock(self._model)
+        clock = self.training_run.clock
         return None if clock is None else clock.samples
 
     # -- saving ----------------------------------------------------------------------------------
@@ -509,27 +494,26 @@ class Checkpoint(KfitCallback):
     def _run_status(self) -> dict:
         from kfit.callbacks import _run_status
 
-        return _run_status.status(self._model, self._parts().callbacks, self.params, self._epochs_done, self.interrupted)
+        return _run_status.status(self._parts(), self.params, self._epochs_done, self.interrupted)
 
     def _resume_or_finish(self, info: CheckpointInfo) -> None:
         from kfit.callbacks import _run_status
 
         restored_epoch = _backend.initial_epoch(self._model) if self._set_initial_epoch else info.epoch
         self.finished_before = _run_status.resume_or_finish(self, info, restored_epoch)
-        context = get_context(self._model)
-        if self.finished_before and (context is None or not context.kfit_fit):
+        if self.finished_before and not self.training_run.kfit_fit:
             # model.fit checks stop_training only after a step: start it at its last epoch instead.
             _backend.set_initial_epoch(self._model, (self.params or {}).get("epochs", restored_epoch))
             self._set_initial_epoch = True
 
-    def _for_model_fit(self, parts: _state.TrainingParts, restore: Any) -> None:
+    def _for_model_fit(self, parts: _run.Run, restore: Any) -> None:
         """model.fit restarts an epoch from its first step: put the restored clock at the epoch's start."""
         state = restore.clock_state
         epoch = None
         if state is not None and state.get("epoch_size"):
             epoch, into = divmod(state["samples"], state["epoch_size"])
             if into:
-                driver = getattr(parts.clock, "driver", None)
+                driver = parts.driver
                 size = getattr(driver, "batch_size", None) or state.get("minibatch_size") or into
                 state["samples"] -= into
                 state["minibatches"] = max(state["minibatches"] - math.ceil(into / size), 0)
@@ -544,8 +528,7 @@ class Checkpoint(KfitCallback):
             self._noted_model_fit = True
             warnings.warn(MODEL_FIT_NOTE.format(epoch=epoch or 0), stacklevel=3)
 
-    def _after_restore(self, parts: _state.TrainingParts) -> None:
-        context = get_context(self._model)
+    def _after_restore(self, parts: _run.Run) -> None:
         clock = parts.clock
-        if context is not None and clock is not None and clock.samples_in_epoch != 0:
-            context.resumed_mid_epoch = True  # the restored metric state continues the epoch
+        if parts.kfit_fit and clock is not None and clock.samples_in_epoch != 0:
+            parts.resumed_mid_epoch = True  # the restored metric state continues the epoch

@@ -15,6 +15,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from kfit import _checks
 from kfit.callbacks._base import KfitCallback
 from kfit.clock import Clock
 from kfit.data._stream import flatten, pack
@@ -291,10 +292,7 @@ def _keeping_training_state(model: Any, run: Callable[[], dict]) -> dict[str, An
     return {k: _scalar(v) for k, v in results.items()}
 
 
-def _scalar(value: Any) -> Any:
-    """A float for a scalar result; a list for a metric whose result is an array (as in Keras's logs)."""
-    array = np.asarray(value)
-    return float(array) if array.ndim == 0 else array.tolist()
+_scalar = _checks.log_value
 
 
 class CrossValidation(KfitCallback):
@@ -456,10 +454,7 @@ class CrossValidation(KfitCallback):
         has already recorded this epoch, into the History too."""
         before = set(logs)
         logs.update(values)
-        from kfit.training._context import get_context
-
-        context = get_context(self.training_model)
-        history = getattr(context, "history", None) if context is not None else None
+        history = self.training_run.history
         if history is None or not getattr(history, "epoch", None) or history.epoch[-1] != epoch:
             return
         for key, value in values.items():

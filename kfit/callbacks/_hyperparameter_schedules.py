@@ -25,11 +25,10 @@ def _as_hyperparameter_schedule(schedule: Any, kind: str, default_factory: Any, 
 
 def _is_cut(clock: Clock, previous_size: int | None, model: Any) -> bool:
     """Whether the minibatch about to be trained is shortened to end an epoch (or the run)."""
+    from kfit._run import current_run
     from kfit.callbacks._running_means import is_cut
-    from kfit.training._context import get_context
 
-    context = get_context(model)
-    return is_cut(clock, clock.minibatch_size, previous_size, getattr(context, "max_samples", None))
+    return is_cut(clock, clock.minibatch_size, previous_size, getattr(current_run(model), "max_samples", None))
 
 
 class _HyperparameterSchedule(KfitCallback):

@@ -49,7 +49,7 @@ class MinibatchSizeSchedule(KfitCallback):
         return int(self.schedule.value(samples, minibatches))
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        if self.clock.driver is not None and not getattr(self.clock.driver, "plans_sizes", False):
+        if self.training_run.driver is not None and not self.training_run.driver.plans_sizes:
             raise RuntimeError(
                 "MinibatchSizeSchedule needs kfit.fit: plain model.fit draws minibatches of one fixed size. "
                 "Replace model.fit(x, y, ...) with kfit.fit(model, x, y, ...)."

@@ -10,11 +10,11 @@ uninterrupted one.
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import numpy as np
 
+from kfit import _checks
 from kfit.callbacks._base import KfitCallback
 
 UNITS = ("evaluations", "samples", "epochs")
@@ -25,36 +25,13 @@ DELTA_MODES = ("absolute", "relative")
 _HIGHER_IS_BETTER = ("acc", "accuracy", "auc", "precision", "recall", "f1", "iou")
 
 
-def check_count(name: str, value: Any, *, allow_none: bool = False) -> int | None:
-    """``value`` as an int after checking it is a non-negative integer (or None when allowed)."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 0:
-        expected = "a non-negative integer" + (" or None" if allow_none else "")
-        raise ValueError(f"Invalid value for argument `{name}`: expected {expected}. Received: {name}={value!r}")
-    return int(value)
-
+check_count = _checks.count
 
 def check_real(name: str, value: Any, *, low: float = 0.0, allow_none: bool = False) -> float | None:
     """``value`` as a float after checking it is a finite number ``>= low`` (or None when allowed)."""
-    if value is None and allow_none:
-        return None
-    if (
-        isinstance(value, (bool, np.bool_))
-        or not isinstance(value, numbers.Real)
-        or not math.isfinite(value)
-        or value < low
-    ):
-        expected = f"a finite number >= {low}" + (" or None" if allow_none else "")
-        raise ValueError(f"Invalid value for argument `{name}`: expected {expected}. Received: {name}={value!r}")
-    return float(value)
+    return _checks.real(name, value, low=low, allow_none=allow_none)
 
-
-def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ValueError(f"Invalid value for argument `{name}`: expected one of {list(choices)}. Received: {name}={value!r}")
-    return value
-
+check_choice = _checks.choice
 
 def higher_is_better(monitor: str) -> bool:
     """Whether ``mode="auto"`` maximizes ``monitor`` (accuracies, AUC, precision, recall, F1, IoU)."""

@@ -10,9 +10,6 @@ import math
 import sys
 from typing import Any
 
-from kfit.clock import get_clock
-from kfit.training._context import get_context
-
 
 def _stop_reason(model: Any, callbacks: list, clock: Any) -> str:
     """What set ``model.stop_training``: the callbacks that record a stop, named with what they watched."""
@@ -42,33 +39,27 @@ def _stop_reason(model: Any, callbacks: list, clock: Any) -> str:
     return "stopped by a callback (model.stop_training = True)"
 
 
-def _bound_reached(model: Any, params: dict | None, epochs_done: int) -> str | None:
+def _bound_reached(run: Any, params: dict | None, epochs_done: int) -> str | None:
     """The bound this run reached (``"reached epochs=4"``), or None while it has training left."""
-    context = get_context(model)
-    clock = get_clock(model)
-    if context is not None and context.kfit_fit and clock is not None:
-        if context.max_samples is not None and clock.samples >= context.max_samples:
-            if context.epochs is None or not clock.epoch_size or context.max_samples <= context.epochs * clock.epoch_size:
-                return f"reached max_samples={context.max_samples}"
-        if clock.epoch_size:
-            if context.epochs is not None and clock.samples >= context.epochs * clock.epoch_size:
-                return f"reached epochs={context.epochs}"
-            return None
+    if run.kfit_fit and run.clock is not None:
+        reached = run.bound_reached()
+        if reached is not None or run.clock.epoch_size:
+            return reached
     epochs = (params or {}).get("epochs")
-    if epochs is None and context is not None:
-        epochs = context.epochs
+    if epochs is None:
+        epochs = run.epochs
     if epochs is not None and epochs_done >= epochs:
         return f"reached epochs={epochs}"
     return None
 
 
-def status(model: Any, callbacks: list, params: dict | None, epochs_done: int, interrupted: bool) -> dict[str, Any]:
-    """``{"status": "running" | "complete" | "stopped", "reason": ...}`` for a checkpoint written now."""
-    reached = _bound_reached(model, params, epochs_done)
+def status(run: Any, params: dict | None, epochs_done: int, interrupted: bool) -> dict[str, Any]:
+    """``{"status": "running" | "complete" | "stopped", "reason": ...}`` for a checkpoint of ``run`` written now."""
+    reached = _bound_reached(run, params, epochs_done)
     if reached is not None and not interrupted:  # (a source that batches itself stops at max_samples this way)
         return {"status": "complete", "reason": reached}
-    if model.stop_training and not interrupted:
-        return {"status": "stopped", "reason": _stop_reason(model, callbacks, get_clock(model))}
+    if run.model.stop_training and not interrupted:
+        return {"status": "stopped", "reason": _stop_reason(run.model, run.callbacks, run.clock)}
     return {"status": "running", "reason": None}
 
 
@@ -95,12 +86,10 @@ def _say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def _run_end_reached(model: Any, params: dict | None, restored_epoch: int | None) -> str | None:
+def _run_end_reached(run: Any, params: dict | None, restored_epoch: int | None) -> str | None:
     """Whether the bound of this run (its epochs / max_samples) lies at or before the restored clock."""
-    context = get_context(model)
-    clock = get_clock(model)
-    if context is not None and context.kfit_fit and clock is not None:
-        return _bound_reached(model, params, 0)
+    if run.kfit_fit and run.clock is not None:
+        return _bound_reached(run, params, 0)
     epochs = (params or {}).get("epochs")
     if epochs is not None and restored_epoch is not None and restored_epoch >= epochs:
         return f"reached epochs={epochs}"
@@ -153,7 +142,7 @@ def resume_or_finish(checkpoint: Any, info: Any, restored_epoch: int | None) -> 
                 callback.stopped_samples = None
         _say(resume_line(info, restored_epoch) + f"; it had {info.status_reason or 'stopped'}: going on (resume_finished=True)")
         return False
-    reached = None if stopped else _run_end_reached(model, params, restored_epoch)
+    reached = None if stopped else _run_end_reached(checkpoint.training_run, params, restored_epoch)
     if not stopped and reached is None:
         note = ""
         if info.status == "complete":

@@ -17,18 +17,14 @@ from typing import Any
 
 import keras
 
+from kfit import _checks
 from kfit.clock import Clock
 
 #: Keys of the epoch logs that are hyperparameters, not metrics.
 HYPERPARAMETER_KEYS = ("lr", "momentum", "minibatch_size")
 
 
-def to_float(value: Any) -> float | None:
-    """A log value (Python number, NumPy or backend scalar) as a float; None when it is not a number."""
-    try:
-        return float(keras.ops.convert_to_numpy(value))
-    except (TypeError, ValueError, AttributeError, RuntimeError):
-        return None
+to_float = _checks.log_float
 
 
 def is_loss_key(key: str) -> bool:
@@ -196,11 +192,11 @@ class ScheduledValues:
 
     def is_cut_step(self, clock: Clock, model: Any) -> bool:
         """True when the minibatch about to be trained is shortened to end an epoch (or the run)."""
-        from kfit.training._context import get_context
+        from kfit._run import current_run
 
-        context = get_context(model) if model is not None else None
+        run = current_run(model) if model is not None else None
         size = clock.minibatch_size
-        return size is not None and is_cut(clock, size, self.size, getattr(context, "max_samples", None))
+        return size is not None and is_cut(clock, size, self.size, getattr(run, "max_samples", None))
 
     def observe_size(self, clock: Clock, model: Any) -> bool:
         """Notes the size of the minibatch about to be trained; True when the scheduled size changed."""

@@ -5,61 +5,24 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kfit import _backend
+from kfit._run import StepDriver
 from kfit.callbacks._base import KfitCallback
-from kfit.clock import Clock, attach_clock, get_clock
+from kfit.clock import Clock
 
 
-def apply_minibatch_size(model: Any, size: int, previous: int | None) -> None:
-    """Tells an optimizer that keeps a ``minibatch_size`` variable (kfit's MomentumSGD) the new size."""
-    if size == previous:
-        return
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None:
-        return
-    from kfit.optimizers import minibatch_size_variable
-
-    variable = minibatch_size_variable(optimizer)
-    if variable is not None:
-        _backend.set_variable(model, variable, float(size))
-
-
-class _FitDriver:
-    """Sets the minibatch size before each step and counts it after, once per step, whichever kfit
-    callback reaches the hook first (so the order of the callbacks does not matter)."""
+class _FitDriver(StepDriver):
+    """Plain ``model.fit``: every step is ``batch_size`` samples, the last of an epoch what is left of it."""
 
     def __init__(self, model: Any, batch_size: int, num_samples: int | None):
-        self.model = model
+        super().__init__(model)
         self.batch_size = batch_size
         self.num_samples = num_samples
-        self.pending: int | None = None
-        self.pending_batch: int | None = None
-        self.applied: int | None = None
 
-    def batch_begin(self, clock: Clock, batch: int) -> None:
-        if self.pending is not None:
-            if self.pending_batch == batch:
-                return  # another kfit callback already planned this step
-            self.flush(clock)  # the previous step finished and no batch-end hook counted it
+    def sizes(self, clock: Clock, batch: int) -> list[int]:
         size = self.batch_size
         if self.num_samples is not None and clock.epoch_size:
             size = min(size, clock.epoch_end() - clock.samples)
-        clock.minibatch_size = size
-        apply_minibatch_size(self.model, size, self.applied)
-        self.applied = size
-        self.pending = size
-        self.pending_batch = batch
-
-    def batch_end(self, clock: Clock) -> None:
-        self.flush(clock)
-
-    def flush(self, clock: Clock) -> None:
-        """Counts the step in progress, once."""
-        if self.pending is None:
-            return
-        clock.advance(self.pending)
-        self.pending = None
-        self.pending_batch = None
+        return [size]
 
 
 class SampleClock(KfitCallback):
@@ -95,10 +58,10 @@ class SampleClock(KfitCallback):
 
     def set_model(self, model: Any) -> None:
         super().set_model(model)
-        clock = get_clock(model)
-        if clock is None:
-            clock = attach_clock(model, Clock())
-        clock.driver = _FitDriver(model, self.batch_size, self.num_samples)
+        run = self.training_run
+        if run.driver is None or isinstance(run.driver, _FitDriver):  # under kfit.fit, its loop keeps the clock
+            run.clock = run.clock or Clock()
+            run.driver = _FitDriver(model, self.batch_size, self.num_samples)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         clock = self.clock
@@ -119,6 +82,4 @@ class SampleClock(KfitCallback):
         """Counts the epoch's last step (the flush happens in the hook wrapper)."""
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        clock = get_clock(self._model)
-        if clock is not None:
-            clock.driver = None
+        """Counts the run's last step (the flush happens in the hook wrapper)."""

@@ -14,7 +14,6 @@ from kfit.callbacks._cross_validation import (
     is_accuracy,
     minibatch_size_at,
 )
-from kfit.clock import get_clock
 
 
 class Test(KfitCallback):
@@ -96,7 +95,7 @@ class Test(KfitCallback):
     def run(self) -> dict[str, Any]:
         """Evaluates now and reports the results (see the class); returns the ``test_*`` logs."""
         model = self.model  # on JAX this syncs the loop's state into the variables
-        size = minibatch_size_at(self.minibatch_size, get_clock(model))
+        size = minibatch_size_at(self.minibatch_size, self.training_run.clock)
         batches = self.data.minibatches(size)
         results = evaluate(model, batches)
         key = choose_metric(model, results, self.metric, "Test")
@@ -128,11 +127,8 @@ class Test(KfitCallback):
         return f"Finished Test: Minibatch[1-{minibatches}]: {metric} * {samples};"
 
     def _history(self) -> Any:
-        from kfit.training._context import get_context
-
-        context = get_context(self.training_model)
-        if context is not None and context.history is not None:
-            return context.history
+        if self.training_run.history is not None:
+            return self.training_run.history
         return getattr(self.training_model, "history", None)
 
     def _printer_present(self) -> bool:

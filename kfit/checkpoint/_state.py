@@ -24,40 +24,23 @@ import keras
 import numpy as np
 
 from kfit import _backend
+from kfit._run import Run, current_run, last_clock
 from kfit.checkpoint._format import GROUPS, CheckpointMismatchError
 
 _ARRAY = "__kfit_array__"
 _PAIRS = "__kfit_dict__"  # a dict whose keys are not all strings: [[key, value], ...]
 
 
-@dataclass
-class TrainingParts:
-    """The parts of a run that a checkpoint saves and restores (any of them may be missing)."""
-
-    model: Any
-    clock: Any = None
-    stream: Any = None
-    callbacks: list = field(default_factory=list)
-    history: Any = None
-    kfit_fit: bool = False
-
-
 def training_parts(model: Any, clock: Any = None, stream: Any = None, callbacks: list | None = None,
-                   history: Any = None) -> TrainingParts:
-    """The parts given, completed from the run ``model`` is in (``kfit.get_context``) or its clock."""
-    from kfit.clock import get_clock
-    from kfit.training._context import get_context
-
-    context = get_context(model)
-    if context is not None:
-        clock = context.clock if clock is None else clock
-        stream = context.stream if stream is None else stream
-        callbacks = context.callbacks if callbacks is None else callbacks
-        history = context.history if history is None else history
-    elif clock is None:
-        clock = get_clock(model)
-    return TrainingParts(model, clock, stream, list(callbacks or []), history,
-                         kfit_fit=bool(context is not None and context.kfit_fit))
+                   history: Any = None) -> Run:
+    """The parts given, completed from the run in progress on ``model``, if any (a new :class:`Run`, not
+    registered: the run in progress is not changed)."""
+    run = current_run(model)
+    if run is None:  # after a run: the clock it ended with, unless one is given
+        return Run(model, last_clock(model) if clock is None else clock, stream, list(callbacks or []), history)
+    return Run(model, run.clock if clock is None else clock, run.stream if stream is None else stream,
+               list(run.callbacks if callbacks is None else callbacks), run.history if history is None else history,
+               kfit_fit=run.kfit_fit)
 
 
 def model_variables(model: Any) -> dict[str, list]:
@@ -221,7 +204,7 @@ def _random_state(arrays: dict) -> dict:
     return state
 
 
-def _summary(parts: TrainingParts, variables: dict, record: dict | None, epoch_logs: dict | None) -> dict:
+def _summary(parts: Run, variables: dict, record: dict | None, epoch_logs: dict | None) -> dict:
     clock = parts.clock
     hyperparameters = {}
     for variable in variables["optimizer"]:
@@ -252,7 +235,7 @@ def _is_number(value: Any) -> bool:
     return True
 
 
-def collect(parts: TrainingParts, buffers: dict | None = None, epoch: int | None = None,
+def collect(parts: Run, buffers: dict | None = None, epoch: int | None = None,
             epoch_logs: dict | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The run's state as ``(arrays, meta)`` for :func:`kfit.checkpoint._format.write_file`.
 
@@ -401,7 +384,7 @@ def _build_optimizer(model: Any, meta: dict, file: str) -> None:
         optimizer.build(model.trainable_variables)
 
 
-def plan_restore(parts: TrainingParts, meta: dict, arrays: dict, file: str, metrics: bool = True) -> _Restore:
+def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool = True) -> _Restore:
     """Checks that the checkpoint fits the run and prepares every assignment; changes nothing.
 
     With ``metrics`` the metric variables are restored too, when they fit (a note says so otherwise).
@@ -464,7 +447,7 @@ def plan_restore(parts: TrainingParts, meta: dict, arrays: dict, file: str, metr
     return restore
 
 
-def apply_restore(parts: TrainingParts, restore: _Restore, meta: dict, arrays: dict, random_state: bool = True) -> None:
+def apply_restore(parts: Run, restore: _Restore, meta: dict, arrays: dict, random_state: bool = True) -> None:
     """Assigns a validated restore, all or nothing.
 
     The parts that can still refuse their state (the random states, the callbacks, the stream, the clock)

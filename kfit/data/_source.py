@@ -19,6 +19,7 @@ import keras
 import numpy as np
 
 from kfit import _backend
+from kfit._run import StepDriver
 
 
 def batch_size_of(batch: Any) -> int:
@@ -205,55 +206,29 @@ class SourceAdapter(_backend.DataAdapter):
         return tf.data.Dataset.from_generator(lambda: self._open(lambda batch: batch), output_signature=self._signature)
 
 
-class SourceDriver:
+class SourceDriver(StepDriver):
     """The clock on a :class:`SourceAdapter`: a step's size is the size of the batch it trains."""
 
-    plans_sizes = False
-
     def __init__(self, model: Any, adapter: SourceAdapter):
-        self.model = model
+        super().__init__(model)
         self.adapter = adapter
-        self.pending: int | None = None
-        self.pending_batch: int | None = None
-        self.applied: int | None = None
-        self.pending_size = 0
         #: The pending step's size was read from its batch (not assumed).
         self.pending_known = False
         adapter.driver = self
 
-    def batch_begin(self, clock: Any, batch: int) -> bool:
-        from kfit.callbacks._sample_clock import apply_minibatch_size
-
-        if self.pending is not None:
-            if self.pending_batch == batch:
-                return True
-            self.flush(clock)
+    def sizes(self, clock: Any, batch: int) -> list[int] | None:
         size = self.adapter.size_of_step(self.adapter.steps)
         if size is None and self.adapter.ended_before(self.adapter.steps):
             _backend.before_empty_step(self.model)
-            return False  # the pass ended: Keras finds no step to run
+            return None  # the pass ended: Keras finds no step to run
         self.pending_known = size is not None
         if size is None:  # not read yet (tf.data reads on its own thread): the source's batch size
             size = self.adapter.batch_size or clock.minibatch_size
-        if size is None:
-            return True
-        clock.minibatch_size = size
-        apply_minibatch_size(self.model, size, self.applied)
-        self.applied = size
-        self.pending, self.pending_batch, self.pending_size = size, batch, size
-        return True
+        return [] if size is None else [size]
 
-    def batch_end(self, clock: Any) -> None:
-        self.flush(clock)
-
-    def flush(self, clock: Any) -> None:
-        if self.pending is None:
-            return
+    def count(self, clock: Any, sizes: list[int]) -> None:
         actual = self.adapter.size_of_step(self.adapter.steps)
-        ended = actual is None and self.adapter.ended_before(self.adapter.steps)
-        self.pending = None
-        self.pending_batch = None
-        if ended:
+        if actual is None and self.adapter.ended_before(self.adapter.steps):
             return  # Keras asked for a step, and the pass had ended: nothing was trained
-        clock.advance(actual or self.pending_size)
+        clock.advance(actual or sizes[0])
         self.adapter.steps += 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import keras
 
 from kfit import _backend
-from kfit.clock import get_clock
+from kfit._run import current_run
 from kfit.distributed import _check_rank, rank, size
 
 
@@ -202,7 +202,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
                     "Use kfit.optimizers.MomentumSGD(variant='keras', momentum=...) (Keras's update, momentum in a "
                     "variable), or pass momentum_correction=False."
                 )
-        clock = get_clock(model)
+        clock = getattr(current_run(model), "clock", None)
         if self.warmup_samples is not None and clock is None:
             raise ValueError(
                 "LearningRateWarmupCallback(warmup_samples=...) counts kfit's global samples: train with kfit.fit, "
@@ -223,7 +223,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
     # -- the schedule ----------------------------------------------------------------------------------
     def progress(self, batch: int) -> float | None:
         """The warm-up's progress ``p`` after the coming step (None once the warm-up is over)."""
-        clock = get_clock(self._model)
+        clock = getattr(current_run(self._model), "clock", None)
         if clock is not None and clock.minibatch_size is not None and (self.warmup_samples or clock.epoch_size):
             length = self.warmup_samples or self.warmup_epochs * clock.epoch_size
             if length <= 0 or clock.samples >= length:
@@ -239,9 +239,9 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         return self.initial_lr / n * (1.0 + (n - 1) * progress)
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        clock = get_clock(self._model)
-        if clock is not None and clock.driver is not None:
-            clock.driver.batch_begin(clock, batch)  # under model.fit: the step's size, once per step
+        run = current_run(self._model)
+        if run is not None and run.clock is not None and run.driver is not None:
+            run.driver.batch_begin(run.clock, batch)  # under model.fit: the step's size, once per step
         p = self.progress(batch)
         if p is None:
             return

@@ -23,10 +23,10 @@ from horovod.common.elastic import State, run_fn
 from horovod.common.exceptions import HorovodInternalError
 
 from kfit import _backend
+from kfit._run import current_run
 from kfit.callbacks._base import KfitCallback
 from kfit.clock import Clock
 from kfit.distributed import _horovod, _state
-from kfit.training._context import get_context
 
 
 def _is_horovod_failure(error: BaseException) -> bool:
@@ -135,13 +135,13 @@ class ElasticState(KfitCallback, State):
         model = self.tracked_model
         _backend.sync_model(model)
         self._variables = [np.array(keras.ops.convert_to_numpy(v.value), copy=True) for v in self._variables_of()]
-        context = get_context(model)
-        clock = context.clock if context is not None else None
+        run = current_run(model)
+        clock = run.clock if run is not None else None
         self._saved = {
             "clock": clock.get_state() if clock is not None else None,
             "callbacks": {
                 peer.name: copy.deepcopy(peer.get_state())
-                for peer in (context.callbacks if context is not None else [])
+                for peer in (run.callbacks if run is not None else [])
                 if isinstance(peer, KfitCallback) and peer is not self
             },
         }
@@ -168,11 +168,11 @@ class ElasticState(KfitCallback, State):
         if not saved or saved.get("clock") is None:
             return
         model = self._model
-        context = get_context(model)
+        run = self.training_run
         self.clock.set_state(saved["clock"])
-        if context is not None and context.stream is not None:
-            context.stream.position = self.clock.samples
-        for peer in (context.callbacks if context is not None else []):
+        if run.stream is not None:
+            run.stream.position = self.clock.samples
+        for peer in run.callbacks:
             if isinstance(peer, KfitCallback) and peer is not self and peer.name in saved["callbacks"]:
                 peer.set_state(copy.deepcopy(saved["callbacks"][peer.name]))
         model.reset_metrics()

@@ -67,14 +67,13 @@ def broadcast_json(value: Any, root_rank: int = 0, name: str = "kfit.broadcast_j
 def broadcast_training_state(model: Any, root_rank: int = 0) -> None:
     """Makes every worker hold rank ``root_rank``'s model and optimizer variables, clock and stream position."""
     from kfit import _backend
-    from kfit.clock import get_clock
-    from kfit.training._context import get_context
+    from kfit._run import current_run
 
     _backend.sync_model(model)
     broadcast_variables(_state_variables(model), root_rank)
-    clock = get_clock(model)
-    context = get_context(model)
-    stream = getattr(context, "stream", None)
+    run = current_run(model)
+    clock = getattr(run, "clock", None)
+    stream = getattr(run, "stream", None)
     state = broadcast_json(
         {
             "clock": clock.get_state() if clock is not None else None,

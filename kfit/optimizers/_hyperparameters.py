@@ -12,6 +12,8 @@ import numbers
 
 import keras
 
+from kfit import _checks
+
 HYPERPARAMETERS = ("learning_rate", "momentum", "beta_1", "minibatch_size")
 """The hyperparameters that kfit's schedules know how to set."""
 
@@ -120,35 +122,9 @@ def add_hyperparameter_variable(optimizer: keras.optimizers.Optimizer, name: str
     )
 
 
-def check_real(
-    name: str, value, *, low: float, high: float, low_inclusive: bool = True, high_inclusive: bool = True
-) -> float:
-    """Return ``value`` as a float after checking it is a real number in the given interval.
+check_real = _checks.real
 
-    Raises:
-        TypeError: If ``value`` is not a real number (``bool`` is refused).
-        ValueError: If ``value`` is not finite or lies outside the interval.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"Argument `{name}` must be a float. Received: {name}={value!r}")
-    number = float(value)
-    left, right = "[" if low_inclusive else "(", "]" if high_inclusive else ")"
-    above = number >= low if low_inclusive else number > low
-    below = number <= high if high_inclusive else number < high
-    if not (above and below):  # also refuses NaN, and inf when `high` is inf
-        raise ValueError(
-            f"Invalid value for argument `{name}`: it must lie in {left}{low}, {high}{right}. "
-            f"Received: {name}={value!r}"
-        )
-    return number
-
-
-def check_bool(name: str, value) -> bool:
-    """Return ``value`` after checking it is a ``bool``; raise ``TypeError`` naming ``name`` otherwise."""
-    if not isinstance(value, bool):
-        raise TypeError(f"Argument `{name}` must be True or False. Received: {name}={value!r}")
-    return value
-
+check_bool = _checks.boolean
 
 def _unwrap(optimizer):
     # LossScaleOptimizer delegates the learning rate but keeps the other hyperparameters inside.

@@ -16,27 +16,18 @@ from typing import Any
 import keras
 import numpy as np
 
-from kfit import _backend
-from kfit.callbacks._base import PEERS_ATTRIBUTE
-from kfit.callbacks._minibatch_size_schedule import MinibatchSizeSchedule
+from kfit import _backend, _run
 from kfit.callbacks._sample_clock import SampleClock
-from kfit.clock import Clock, attach_clock
+from kfit.clock import Clock
 from kfit.data._adapter import StreamAdapter, declared_batches, pack_batch
 from kfit.data._pydataset import PyDatasetStream
 from kfit.data._source import SourceAdapter, SourceDriver, batch_size_of
 from kfit.data._stream import SampleStream, dataset_length, flatten, is_streamable, pack
 from kfit.training import _plan
-from kfit.training._context import TrainingContext, attach_context
 from kfit.training._driver import PlanDriver
+from kfit.training._options import FitOptions, size_function
 from kfit.training._progress_bar import ProgressBar
 from kfit.training._summaries import EpochSummaries
-
-
-def _check_positive_int(name: str, value: Any, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"Invalid value for argument `{name}`: expected a positive integer{' or None' if allow_none else ''}. Received: {name}={value!r}")
 
 
 def _to_host(structure: Any) -> Any:
@@ -89,25 +80,6 @@ def _class_weights(y: Any, class_weight: dict) -> np.ndarray:
 def ordered_callbacks(callbacks: list) -> list:
     """Callbacks sorted (stably) by their ``order``: see :attr:`kfit.callbacks.KfitCallback.order`."""
     return sorted(callbacks, key=lambda c: getattr(c, "order", 0))
-
-
-def _size_function(minibatch_size: Any) -> tuple[Any, int | None]:
-    """``size_at(samples, minibatches)`` and the fixed size (None for a schedule)."""
-    from kfit import schedules
-
-    if isinstance(minibatch_size, schedules.HyperparameterSchedule):
-        if minibatch_size.kind != "minibatch_size":
-            raise ValueError(
-                "Invalid value for argument `minibatch_size`: expected an int or kfit.schedules.minibatch_size(...). "
-                f"Received a {minibatch_size.kind} schedule: {minibatch_size!r}"
-            )
-        return (lambda s, m: int(minibatch_size.value(s, m))), None
-    if isinstance(minibatch_size, (list, tuple)) or callable(minibatch_size):
-        schedule = schedules.minibatch_size(minibatch_size)
-        return (lambda s, m: int(schedule.value(s, m))), None
-    _check_positive_int("minibatch_size", minibatch_size, allow_none=False)
-    size = int(minibatch_size)
-    return (lambda s, m: size), size
 
 
 def fit(
@@ -171,28 +143,13 @@ def fit(
         [40, 40, 20]
     """
     callbacks = list(callbacks or [])
-    if batch_size is not None and minibatch_size is not None and batch_size != minibatch_size:
-        raise ValueError(
-            f"Arguments `batch_size` and `minibatch_size` are aliases; give one. Received: batch_size={batch_size!r}, minibatch_size={minibatch_size!r}"
-        )
-    minibatch_size = minibatch_size if minibatch_size is not None else batch_size
-    size_callbacks = [c for c in callbacks if isinstance(c, MinibatchSizeSchedule)]
-    if len(size_callbacks) > 1:
-        raise ValueError("Give at most one MinibatchSizeSchedule callback.")
-    if size_callbacks:
-        if minibatch_size is not None:
-            raise ValueError("Give the minibatch size either as `minibatch_size=` or as a MinibatchSizeSchedule callback, not both.")
-        minibatch_size = size_callbacks[0].schedule
-    for name, value in (("epoch_size", epoch_size), ("max_samples", max_samples), ("epochs", epochs), ("steps_per_epoch", steps_per_epoch)):
-        _check_positive_int(name, value)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-        raise ValueError(f"Invalid value for argument `seed`: expected a non-negative integer or None. Received: seed={seed!r}")
-    if not isinstance(initial_epoch, int) or initial_epoch < 0:
-        raise ValueError(f"Invalid value for argument `initial_epoch`: expected a non-negative integer. Received: initial_epoch={initial_epoch!r}")
-    if class_weight is not None and sample_weight is not None:
-        raise ValueError("Arguments `sample_weight` and `class_weight` cannot be given together (as in model.fit).")
+    options = FitOptions.from_arguments(
+        batch_size=batch_size, callbacks=callbacks, sample_weight=sample_weight, minibatch_size=minibatch_size,
+        epochs=epochs, verbose=verbose, validation_split=validation_split, shuffle=shuffle, class_weight=class_weight,
+        initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+        validation_batch_size=validation_batch_size, validation_freq=validation_freq, epoch_size=epoch_size,
+        max_samples=max_samples, seed=seed, prefetch=prefetch)
     _check_callbacks(callbacks)
-    _check_validation_freq(validation_freq)
     for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
         _check_open(name, part)
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
@@ -201,49 +158,15 @@ def fit(
 
     from kfit import distributed
 
-    distributed_run = distributed.size() > 1
-    kfit_features = (
-        (minibatch_size is not None and not isinstance(minibatch_size, (int, np.integer)))
-        or epoch_size is not None
-        or max_samples is not None
-        or seed is not None
-        or distributed_run
-        or any(getattr(c, "needs_stream", False) for c in callbacks)
-    )
-    if not kfit_features:
-        return _fit_with_model_fit(
-            model, x, y, minibatch_size, epochs if epochs is not None else 1, verbose, callbacks,
-            validation_split, validation_data, shuffle, class_weight, sample_weight, initial_epoch,
-            steps_per_epoch, validation_steps, validation_batch_size, validation_freq,
-        )
+    if not (options.kfit_only or distributed.size() > 1 or any(getattr(c, "needs_stream", False) for c in callbacks)):
+        return _fit_with_model_fit(model, x, y, sample_weight, validation_data, callbacks, options)
     if isinstance(x, keras.utils.PyDataset):
         if y is not None or sample_weight is not None:
             raise ValueError("With a PyDataset as `x`, `y` and `sample_weight` come from the dataset's batches; pass x only.")
     elif not is_streamable(x):
-        _check_source_options(x, minibatch_size, epoch_size, validation_split, callbacks)
-        return _StreamFit(
-            model, x, y, batch_size, epochs, verbose, callbacks, 0.0, validation_data, shuffle, class_weight,
-            sample_weight, initial_epoch, steps_per_epoch, validation_steps, validation_batch_size,
-            validation_freq, None, max_samples, seed, prefetch, source=True,
-        ).run()
-    return _StreamFit(
-        model, x, y, minibatch_size if minibatch_size is not None else 32, epochs, verbose, callbacks,
-        validation_split, validation_data, shuffle, class_weight, sample_weight, initial_epoch,
-        steps_per_epoch, validation_steps, validation_batch_size, validation_freq,
-        epoch_size, max_samples, seed, prefetch,
-    ).run()
-
-
-def _check_validation_freq(validation_freq: Any) -> None:
-    valid = (isinstance(validation_freq, (int, np.integer)) and not isinstance(validation_freq, bool)
-             and validation_freq >= 1)
-    if not valid and isinstance(validation_freq, (list, tuple, set, range)):
-        valid = bool(validation_freq) and all(
-            isinstance(e, (int, np.integer)) and not isinstance(e, bool) and e >= 1 for e in validation_freq)
-    if not valid:
-        raise ValueError(
-            "Invalid value for argument `validation_freq`: expected a positive integer (validate every N epochs) or "
-            f"a collection of epoch numbers counted from 1. Received: validation_freq={validation_freq!r}")
+        _check_source_options(x, options, callbacks)
+        return _StreamFit(model, x, y, sample_weight, validation_data, callbacks, options, source=True).train()
+    return _StreamFit(model, x, y, sample_weight, validation_data, callbacks, options).train()
 
 
 def _check_open(name: str, data: Any) -> None:
@@ -267,52 +190,48 @@ def _check_callbacks(callbacks: list) -> None:
         )
 
 
-def _check_source_options(x: Any, minibatch_size: Any, epoch_size: Any, validation_split: float, callbacks: list) -> None:
+def _check_source_options(x: Any, options: FitOptions, callbacks: list) -> None:
     """A source that batches by itself (tf.data, a generator, a DataLoader) cannot follow kfit's plan."""
     kind = type(x).__name__
     works = ("Give the data as arrays (NumPy arrays, h5py datasets, dicts/lists of them) or as a "
              "keras.utils.PyDataset, which kfit cuts into minibatches itself")
-    if (minibatch_size is not None and not isinstance(minibatch_size, (int, np.integer))) or any(
-            isinstance(c, MinibatchSizeSchedule) for c in callbacks):
+    if options.minibatch_size is not None and options.fixed_minibatch_size is None:
         raise ValueError(f"A minibatch-size schedule needs data that kfit cuts into minibatches; x is a {kind}, which "
                          f"makes its own minibatches. {works}, or train at the source's own minibatch size.")
-    if epoch_size is not None:
+    if options.epoch_size is not None:
         raise ValueError(f"Argument `epoch_size` needs data that kfit reads as a stream of samples; x is a {kind}, whose "
                          f"epochs are its own passes (use `steps_per_epoch`, as with model.fit). {works}. "
-                         f"Received: epoch_size={epoch_size!r}")
-    if validation_split:
+                         f"Received: epoch_size={options.epoch_size!r}")
+    if options.validation_split:
         raise ValueError(f"Argument `validation_split` needs arrays (as in model.fit); x is a {kind}. Give "
-                         f"`validation_data` instead. Received: validation_split={validation_split!r}")
+                         f"`validation_data` instead. Received: validation_split={options.validation_split!r}")
 
 
-def _fit_with_model_fit(model, x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data,
-                        shuffle, class_weight, sample_weight, initial_epoch, steps_per_epoch, validation_steps,
-                        validation_batch_size, validation_freq) -> keras.callbacks.History:
+def _fit_with_model_fit(model: Any, x: Any, y: Any, sample_weight: Any, validation_data: Any, callbacks: list,
+                        options: FitOptions) -> keras.callbacks.History:
     """No kfit-only feature asked for: ``model.fit`` itself, with kfit's clock kept by a SampleClock."""
+    o = options
+    epochs = o.epochs if o.epochs is not None else 1
     n = dataset_length(x) if is_streamable(x) else None
-    if n is not None and validation_split and validation_data is None:
-        n = int(math.floor(n * (1.0 - validation_split)))
-    clock = attach_clock(model, Clock())
+    if n is not None and o.validation_split and validation_data is None:
+        n = int(math.floor(n * (1.0 - o.validation_split)))
     clock_callbacks: list = []
-    if n is not None and steps_per_epoch is None:
-        clock_callbacks.append(SampleClock(batch_size=int(batch_size or 32), num_samples=n))
+    if n is not None and o.steps_per_epoch is None:
+        clock_callbacks.append(SampleClock(batch_size=o.minibatch_size or 32, num_samples=n))
     history = RunHistory()
     summaries = EpochSummaries(history)
     callbacks = ordered_callbacks(clock_callbacks + callbacks + [summaries])
-    object.__setattr__(model, PEERS_ATTRIBUTE, [])
-    context = TrainingContext(clock=clock, callbacks=callbacks, history=history, kfit_fit=False, epochs=epochs)
-    attach_context(model, context)
+    run = _run.start(_run.Run(model, clock=Clock(), callbacks=list(callbacks), history=history, epochs=epochs))
     try:
         model.fit(
-            x, y, batch_size=batch_size, epochs=epochs, verbose=verbose,
-            callbacks=callbacks + [history],
-            validation_split=validation_split, validation_data=validation_data, shuffle=shuffle,
-            class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch,
-            steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
-            validation_batch_size=validation_batch_size, validation_freq=validation_freq,
+            x, y, batch_size=o.minibatch_size, epochs=epochs, verbose=o.verbose, callbacks=callbacks + [history],
+            validation_split=o.validation_split, validation_data=validation_data, shuffle=o.shuffle,
+            class_weight=o.class_weight, sample_weight=sample_weight, initial_epoch=o.initial_epoch,
+            steps_per_epoch=o.steps_per_epoch, validation_steps=o.validation_steps,
+            validation_batch_size=o.validation_batch_size, validation_freq=o.validation_freq,
         )
     finally:
-        attach_context(model, None)
+        _run.end(run)
     history.epoch_summaries = summaries.summaries
     return history
 
@@ -335,66 +254,66 @@ class _RunControl(keras.callbacks.Callback):
 
     order = 150  # after Checkpoint (100) has restored the state in on_train_begin
 
-    def __init__(self, run: _StreamFit):
+    def __init__(self, fit: _StreamFit):
         super().__init__()
-        self.run = run
+        self.fit = fit
         self._metric_values: list | None = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        run = self.run
-        model, clock = run.model, run.clock
-        run.release_writes = _backend.hold_writes(model)
+        fit = self.fit
+        model, clock = fit.model, fit.clock
+        fit.run.begun = True
+        fit.release_writes = _backend.hold_writes(model)
         started_at = _backend.initial_epoch(model)
-        if started_at and clock.samples == 0 and run.source is None:
+        if started_at and clock.samples == 0 and fit.source is None:
             # Another callback (Keras's BackupAndRestore) restored an epoch number, as under model.fit: the
-            # run goes on from that epoch's first minibatch.
+            # fit goes on from that epoch's first minibatch.
             samples, minibatches = 0, 0
-            for _start, size in _plan.plan(0, 0, run.size_at, run.epoch_size, started_at * run.epoch_size):
+            for _start, size in _plan.plan(0, 0, fit.size_at, fit.epoch_size, started_at * fit.epoch_size):
                 samples, minibatches = samples + size, minibatches + 1
             clock.samples, clock.minibatches = samples, minibatches
-        if run.distributed:
+        if fit.distributed:
             from kfit import distributed
 
             distributed.broadcast_training_state(model)
-        if run.stream is not None:
-            run.stream.position = clock.samples
-        if clock.samples >= run.stop_at or model.stop_training:
-            _backend.set_initial_epoch(model, run.num_epochs)  # nothing left to train
+        if fit.stream is not None:
+            fit.stream.position = clock.samples
+        if clock.samples >= fit.stop_at or model.stop_training:
+            _backend.set_initial_epoch(model, fit.num_epochs)  # nothing left to train
             return
-        if run.source is not None:
-            self._resume_source(run)
+        if fit.source is not None:
+            self._resume_source(fit)
             return
         _backend.set_initial_epoch(model, clock.epoch)
-        if run.context.resumed_mid_epoch:
+        if fit.run.resumed_mid_epoch:
             # model.fit resets the metrics when an epoch begins: the restored state is put back then.
             self._metric_values = [keras.ops.convert_to_numpy(v.value) for v in model.metrics_variables]
 
-    def _resume_source(self, run: _StreamFit) -> None:
-        clock = run.clock
+    def _resume_source(self, fit: _StreamFit) -> None:
+        clock = fit.clock
         if clock.samples == 0:
-            _backend.set_initial_epoch(run.model, run.initial_epoch)
+            _backend.set_initial_epoch(fit.model, fit.initial_epoch)
             return
-        _backend.set_initial_epoch(run.model, clock.epoch)
-        spe = run.source.steps_per_epoch
-        skip = run.source.resume(clock.samples_in_epoch, clock.samples, clock.minibatches % spe if spe else 0)
-        print(f"kfit: a {type(run.source.inner).__name__.removesuffix('DataAdapter')} source cannot seek: resuming at "
+        _backend.set_initial_epoch(fit.model, clock.epoch)
+        spe = fit.source.steps_per_epoch
+        skip = fit.source.resume(clock.samples_in_epoch, clock.samples, clock.minibatches % spe if spe else 0)
+        print(f"kfit: a {type(fit.source.inner).__name__.removesuffix('DataAdapter')} source cannot seek: resuming at "
               f"sample {clock.samples} by drawing and dropping the first {skip} samples it yields"
-              f"{'' if run.source.continues else ' in epoch ' + str(clock.epoch)}.", file=sys.stderr)
+              f"{'' if fit.source.continues else ' in epoch ' + str(clock.epoch)}.", file=sys.stderr)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        clock = self.run.clock
-        if self.run.source is not None and clock.epoch_size is None:
-            if clock.driver is not None:
-                clock.driver.flush(clock)
+        clock = self.fit.clock
+        if self.fit.source is not None and clock.epoch_size is None:
+            self.fit.run.flush()
             if clock.samples:
                 clock.epoch_size = clock.samples  # a source's epoch is one pass: now its length is known
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if self._metric_values is not None:
-            for variable, value in zip(self.run.model.metrics_variables, self._metric_values):
+            for variable, value in zip(self.fit.model.metrics_variables, self._metric_values):
                 variable.assign(value)
             self._metric_values = None
-        self.run.context.resumed_mid_epoch = False
+        self.fit.run.resumed_mid_epoch = False
 
 
 class _CountStep(keras.callbacks.Callback):
@@ -406,13 +325,12 @@ class _CountStep(keras.callbacks.Callback):
 
     order = -10_000
 
-    def __init__(self, clock: Clock):
+    def __init__(self, run: _run.Run):
         super().__init__()
-        self.clock = clock
+        self.run = run
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self.clock.driver is not None:
-            self.clock.driver.flush(self.clock)
+        self.run.flush()
 
 
 def _dispatches_batch_end_synchronously(callback: Any) -> bool:
@@ -422,19 +340,14 @@ def _dispatches_batch_end_synchronously(callback: Any) -> bool:
     return any(not getattr(getattr(callback, hook), "_is_default", False) for hook in ("on_batch_end", "on_train_batch_end"))
 
 
-class _StopAtSamples(keras.callbacks.Callback):
+class _StopAtSamples(_CountStep):
     """``max_samples`` on a source that makes its own minibatches: stop after the step that reaches it."""
 
     order = 1500
 
-    def __init__(self, clock: Clock, max_samples: int):
-        super().__init__()
-        self.clock, self.max_samples = clock, max_samples
-
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self.clock.driver is not None:
-            self.clock.driver.flush(self.clock)
-        if self.clock.samples >= self.max_samples:
+        self.run.flush()
+        if self.run.clock.samples >= self.run.max_samples:
             self.model.stop_training = True
 
 
@@ -468,106 +381,88 @@ class _StreamFit:
     #: The Keras progress bar of the run (verbose runs), whose target follows each epoch's plan.
     progbar: Any = None
 
-    def __init__(self, model, x, y, minibatch_size, epochs, verbose, callbacks, validation_split, validation_data,
-                 shuffle, class_weight, sample_weight, initial_epoch, steps_per_epoch, validation_steps,
-                 validation_batch_size, validation_freq, epoch_size, max_samples, seed, prefetch, source=False):
+    def __init__(self, model: Any, x: Any, y: Any, sample_weight: Any, validation_data: Any, callbacks: list,
+                 options: FitOptions, source: bool = False):
         from kfit import distributed
 
-        if model.optimizer is None or not getattr(model, "compiled", True):
-            raise ValueError("You must call `model.compile(...)` before kfit.fit(model, ...).")
+        o = options
         self.model = model
         self.source: SourceAdapter | None = None
-        if source:
-            self._init_source(x, y, sample_weight, minibatch_size, epochs, verbose, callbacks, validation_data,
-                              shuffle, class_weight, initial_epoch, steps_per_epoch, validation_steps,
-                              validation_batch_size, validation_freq, max_samples)
-            return
-        if isinstance(x, keras.utils.PyDataset):
-            if validation_split:
-                raise ValueError("`validation_split` needs arrays (as in model.fit); give `validation_data` with a PyDataset.")
-        else:
-            x, y, sample_weight = _to_host(x), _to_host(y), _to_host(sample_weight)
-        if validation_split and validation_data is None:
-            (x, y, sample_weight), validation_data = _split_validation(x, y, sample_weight, validation_split)
-        self.validation_data = validation_data
-        self.validation_steps = validation_steps
-        self.validation_batch_size = validation_batch_size
-        self.validation_freq = validation_freq
-        self.class_weight = class_weight
-        if isinstance(x, keras.utils.PyDataset):
-            self.stream = PyDatasetStream(x, shuffle=bool(shuffle), seed=int(seed or 0),
-                                          rank=distributed.rank(), num_workers=distributed.size())
-        else:
-            self.stream = SampleStream(
-                x, y, sample_weight, shuffle=bool(shuffle), seed=int(seed or 0),
-                rank=distributed.rank(), num_workers=distributed.size(),
-            )
-        self.size_at, fixed_size = _size_function(minibatch_size)
-        if epoch_size is None and steps_per_epoch is not None:
-            if fixed_size is None:
-                raise ValueError("With a minibatch-size schedule give the epoch length as `epoch_size` (samples), not `steps_per_epoch`.")
-            epoch_size = steps_per_epoch * fixed_size
-        self.epoch_size = int(epoch_size or self.stream.num_samples)
-        self.fixed_size = fixed_size
-        if epochs is None and max_samples is None:
-            epochs = 1
-        self.epochs = epochs
-        self.max_samples = max_samples
-        stops = [b for b in (max_samples, None if epochs is None else epochs * self.epoch_size) if b is not None]
-        self.stop_at = min(stops)
-        self.num_epochs = math.ceil(self.stop_at / self.epoch_size)
-        self.prefetch = prefetch
-        self.verbose = 1 if verbose == "auto" else verbose
+        self.stream: Any = None
+        self.validation_steps, self.validation_freq = o.validation_steps, o.validation_freq
+        self.validation_batch_size = o.validation_batch_size
+        self.class_weight = o.class_weight
+        self.verbose = 1 if o.verbose == "auto" else o.verbose
         if not distributed.is_chief():
             self.verbose = 0  # only rank 0 prints progress
-        self.clock = attach_clock(model, Clock(samples=initial_epoch * self.epoch_size, epoch_size=self.epoch_size))
+        self.distributed = distributed.size() > 1
+        self.initial_epoch = o.initial_epoch
+        if source:
+            self._init_source(x, y, sample_weight, o)
+            clock = Clock()
+        else:
+            validation_data = self._init_stream(x, y, sample_weight, validation_data, o)
+            clock = Clock(samples=o.initial_epoch * self.epoch_size, epoch_size=self.epoch_size)
+        self.validation_data = validation_data
+        self.clock = clock
         self.history = RunHistory()
         self.summaries = EpochSummaries(self.history)
         self.callbacks = ordered_callbacks(callbacks + [self.summaries])
-        object.__setattr__(model, PEERS_ATTRIBUTE, [])
-        self.context = TrainingContext(
-            clock=self.clock, stream=self.stream, callbacks=self.callbacks, history=self.history,
-            kfit_fit=True, epochs=epochs, max_samples=max_samples,
-        )
-        self.distributed = distributed.size() > 1
+        self.run = _run.Run(model, clock=clock, stream=self.stream, callbacks=list(self.callbacks),
+                            history=self.history, kfit_fit=True, epochs=self.epochs, max_samples=self.max_samples)
         self.release_writes: Any = lambda: None
 
-    def _init_source(self, x, y, sample_weight, batch_size, epochs, verbose, callbacks, validation_data, shuffle,
-                     class_weight, initial_epoch, steps_per_epoch, validation_steps, validation_batch_size,
-                     validation_freq, max_samples) -> None:
+    def _init_stream(self, x: Any, y: Any, sample_weight: Any, validation_data: Any, o: FitOptions) -> Any:
+        """kfit's stream over arrays or a PyDataset; returns the validation data (``validation_split`` cut)."""
         from kfit import distributed
 
-        if distributed.size() > 1:
+        if isinstance(x, keras.utils.PyDataset):
+            if o.validation_split:
+                raise ValueError("`validation_split` needs arrays (as in model.fit); give `validation_data` with a PyDataset.")
+            self.stream = PyDatasetStream(x, shuffle=bool(o.shuffle), seed=o.seed or 0,
+                                          rank=distributed.rank(), num_workers=distributed.size())
+        else:
+            x, y, sample_weight = _to_host(x), _to_host(y), _to_host(sample_weight)
+            if o.validation_split and validation_data is None:
+                (x, y, sample_weight), validation_data = _split_validation(x, y, sample_weight, o.validation_split)
+            self.stream = SampleStream(x, y, sample_weight, shuffle=bool(o.shuffle), seed=o.seed or 0,
+                                       rank=distributed.rank(), num_workers=distributed.size())
+        self.size_at, self.fixed_size = size_function(o.minibatch_size), o.fixed_minibatch_size or 32
+        if o.minibatch_size is not None and o.fixed_minibatch_size is None:
+            self.fixed_size = None
+        epoch_size = o.epoch_size
+        if epoch_size is None and o.steps_per_epoch is not None:
+            if self.fixed_size is None:
+                raise ValueError("With a minibatch-size schedule give the epoch length as `epoch_size` (samples), not "
+                                 "`steps_per_epoch`.")
+            epoch_size = o.steps_per_epoch * self.fixed_size
+        self.epoch_size = int(epoch_size or self.stream.num_samples)
+        self.epochs = 1 if o.epochs is None and o.max_samples is None else o.epochs
+        self.max_samples = o.max_samples
+        self.stop_at = min(b for b in (o.max_samples, None if self.epochs is None else self.epochs * self.epoch_size)
+                           if b is not None)
+        self.num_epochs = math.ceil(self.stop_at / self.epoch_size)
+        self.prefetch = o.prefetch
+        return validation_data
+
+    def _init_source(self, x: Any, y: Any, sample_weight: Any, o: FitOptions) -> None:
+        """A source that batches itself (tf.data, a generator, a DataLoader), read through Keras's adapter."""
+        if self.distributed:
             raise ValueError(
                 f"Data-parallel training reads each worker's share of kfit's stream; x is a {type(x).__name__}, which "
                 "kfit cannot split. Give arrays, h5py datasets or a keras.utils.PyDataset, or shard the source "
                 "yourself and train each worker on its own shard.")
-        inner = _backend.keras_data_adapter(x, y, sample_weight, batch_size, steps_per_epoch, shuffle, class_weight)
+        inner = _backend.keras_data_adapter(x, y, sample_weight, o.fixed_minibatch_size, o.steps_per_epoch, o.shuffle,
+                                            o.class_weight)
         self.source = SourceAdapter(inner, restarts=type(inner).__name__ != "GeneratorDataAdapter",
-                                    steps_per_epoch=steps_per_epoch)
-        self.stream = None
-        self.validation_data, self.validation_steps = validation_data, validation_steps
-        self.validation_batch_size, self.validation_freq = validation_batch_size, validation_freq
+                                    steps_per_epoch=o.steps_per_epoch)
         self.class_weight = None
         self.fixed_size = inner.batch_size
-        self.epochs = epochs if epochs is not None or max_samples is not None else 1
-        self.max_samples = max_samples
-        self.stop_at = max_samples if max_samples is not None else math.inf
+        self.epochs = o.epochs if o.epochs is not None or o.max_samples is not None else 1
+        self.max_samples = o.max_samples
+        self.stop_at = o.max_samples if o.max_samples is not None else math.inf
         self.num_epochs = self.epochs if self.epochs is not None else 2**31 - 1
         self.prefetch = 0
-        self.verbose = 1 if verbose == "auto" else verbose
-        self.clock = attach_clock(self.model, Clock())
-        self.initial_epoch = initial_epoch
-        self.history = RunHistory()
-        self.summaries = EpochSummaries(self.history)
-        self.callbacks = ordered_callbacks(callbacks + [self.summaries])
-        object.__setattr__(self.model, PEERS_ATTRIBUTE, [])
-        self.context = TrainingContext(clock=self.clock, stream=None, callbacks=self.callbacks, history=self.history,
-                                       kfit_fit=True, epochs=self.epochs, max_samples=max_samples)
-        self.distributed = False
-        self.release_writes: Any = lambda: None
-        self.progbar = None
-        self.progbar: Any = None
 
     # -- data ------------------------------------------------------------------------------------
     def read(self, start: int, size: int) -> tuple:
@@ -580,8 +475,7 @@ class _StreamFit:
     def epoch_plan(self) -> list:
         """The ``(start, size)`` minibatches of the epoch beginning at the clock's reading."""
         clock = self.clock
-        if clock.driver is not None:
-            clock.driver.flush(clock)
+        self.run.flush()
         end = min(clock.epoch_end(), self.stop_at)
         plan = list(_plan.plan(clock.samples, clock.minibatches, self.size_at, self.epoch_size, end))
         if self.progbar is not None:
@@ -614,19 +508,19 @@ class _StreamFit:
         first = pack_batch(*self.read(clock.samples % max(self.stream.num_samples, 1), max(first_size, workers)))
         return adapter, PlanDriver(self.model, adapter), first, self.fixed_size or first_size
 
-    def run(self) -> keras.callbacks.History:
+    def train(self) -> keras.callbacks.History:
         from kfit import distributed
 
-        model, clock = self.model, self.clock
-        attach_context(model, self.context)
+        model = self.model
+        _run.start(self.run)
         adapter = None
         try:
-            adapter, clock.driver, first, validation_size = self._feed()
+            adapter, self.run.driver, first, validation_size = self._feed()
             extra: list = [_RunControl(self)]
             if any(_dispatches_batch_end_synchronously(c) for c in self.callbacks):
-                extra.append(_CountStep(clock))
+                extra.append(_CountStep(self.run))
             if self.source is not None and self.max_samples is not None:
-                extra.append(_StopAtSamples(clock, self.max_samples))
+                extra.append(_StopAtSamples(self.run))
             if self.distributed:
                 extra += [_AgreedStop(), _AverageMetrics()]
             callbacks = ordered_callbacks(self.callbacks + extra) + [self.history]
@@ -650,9 +544,8 @@ class _StreamFit:
             self.release_writes()
             if isinstance(adapter, StreamAdapter):
                 adapter.close()
-            clock.driver = None
+            _run.end(self.run)
             _backend.set_initial_epoch(model, None)
-            attach_context(model, None)
         self.history.epoch_summaries = self.summaries.summaries
         return self.history
 

@@ -6,6 +6,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kfit import _checks
 from kfit.callbacks._base import KfitCallback
 
 
@@ -33,11 +34,7 @@ class EpochSummary:
         return asdict(self)
 
 
-def _float(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
+_float = _checks.log_float
 
 
 class EpochSummaries(KfitCallback):

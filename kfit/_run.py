@@ -1,0 +1,206 @@
+"""One training run: what its loop and its callbacks share. It belongs to the run, never to the user's model.
+
+A :class:`Run` is made by the loop that starts it (:func:`kfit.fit`), or, under plain ``model.fit``, by the
+first kfit callback Keras hands the model to; every kfit callback of that ``model.fit`` call joins it. The run
+is dropped when it ends: nothing of it is set on the model, and the next run on the same model starts fresh
+(a callback reused in a second ``model.fit`` joins the new run, never the old one).
+
+Example:
+    >>> import kfit
+    >>> from kfit._run import Run, current_run, end, start
+    >>> model = object.__new__(type("Model", (), {}))
+    >>> run = start(Run(model, clock=kfit.Clock(epoch_size=10)))
+    >>> current_run(model) is run, vars(model)
+    (True, {})
+    >>> end(run); current_run(model) is None
+    True
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from kfit.clock import Clock
+
+_CURRENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its run in progress
+_LAST_CLOCK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the clock of its last run
+
+
+@dataclass(eq=False)
+class Run:
+    """The parts of one training run: those a checkpoint saves and restores, and those its loop drives.
+
+    Attributes:
+        model: the model being trained.
+        clock: the sample clock (None under plain ``model.fit`` without a ``SampleClock``).
+        stream: the training data stream (None under plain ``model.fit`` and on a source that batches itself).
+        callbacks: every callback of the run, in calling order (under plain ``model.fit``: its kfit callbacks).
+        history: the run's ``keras.callbacks.History``.
+        kfit_fit: True under :func:`kfit.fit` (its checkpoints resume exactly, also mid-epoch).
+        epochs, max_samples: the bounds of the run (None when not given).
+        driver: sets ``clock.minibatch_size`` before each step and counts the step after (:class:`StepDriver`).
+        resumed_mid_epoch: set by a restore: the epoch's training-metric state was restored and continues.
+        manual: a clock attached by hand (:func:`kfit.clock.attach_clock`): callbacks driven outside any loop.
+    """
+
+    model: Any
+    clock: Clock | None = None
+    stream: Any = None
+    callbacks: list = field(default_factory=list)
+    history: Any = None
+    kfit_fit: bool = False
+    epochs: int | None = None
+    max_samples: int | None = None
+    driver: Any = None
+    resumed_mid_epoch: bool = False
+    manual: bool = False
+    #: Training has begun (``on_train_begin``): a callback handed the model again belongs to a new run.
+    begun: bool = False
+    _ended: list = field(default_factory=list, repr=False)
+
+    def flush(self) -> None:
+        """Counts the step in progress on the clock (once), if it has not been counted yet."""
+        if self.driver is not None and self.clock is not None:
+            self.driver.flush(self.clock)
+
+    def bound_reached(self) -> str | None:
+        """The bound of this run its clock has reached (``"reached max_samples=400"``), or None."""
+        clock = self.clock
+        if clock is None:
+            return None
+        if self.max_samples is not None and clock.samples >= self.max_samples:
+            if self.epochs is None or not clock.epoch_size or self.max_samples <= self.epochs * clock.epoch_size:
+                return f"reached max_samples={self.max_samples}"
+        if clock.epoch_size and self.epochs is not None and clock.samples >= self.epochs * clock.epoch_size:
+            return f"reached epochs={self.epochs}"
+        return None
+
+    def member_ended(self, callback: Any) -> None:
+        """``callback``'s ``on_train_end`` ran; the run ends when every member's has (plain ``model.fit``)."""
+        if not any(c is callback for c in self._ended):
+            self._ended.append(callback)
+        members = [c for c in self.callbacks if hasattr(c, "on_step_begin")]
+        if not self.kfit_fit and not self.manual and all(any(c is e for e in self._ended) for c in members):
+            end(self)
+
+
+def start(run: Run) -> Run:
+    """Makes ``run`` the run in progress on ``run.model`` (a run still registered there is dropped)."""
+    _CURRENT[run.model] = run
+    return run
+
+
+def end(run: Run) -> None:
+    """Drops ``run``: the model is free for the next run. Its clock stays readable by :func:`last_clock`."""
+    if _CURRENT.get(run.model) is run:
+        del _CURRENT[run.model]
+    if run.driver is not None:
+        run.flush()
+        run.driver = None
+    if run.clock is not None:
+        _LAST_CLOCK[run.model] = run.clock
+
+
+def current_run(model: Any) -> Run | None:
+    """The run in progress on ``model``, or None."""
+    try:
+        return _CURRENT.get(model)
+    except TypeError:  # not weak-referenceable: never trained
+        return None
+
+
+def last_clock(model: Any) -> Clock | None:
+    """The clock of the run in progress on ``model``, else of its last run, else None."""
+    run = current_run(model)
+    if run is not None:
+        return run.clock
+    try:
+        return _LAST_CLOCK.get(model)
+    except TypeError:
+        return None
+
+
+def join(model: Any, callback: Any) -> Run:
+    """The run ``callback`` belongs to when Keras hands it ``model`` (``set_model``).
+
+    The run in progress on ``model`` if training has not begun yet (the callbacks of one ``model.fit`` call are
+    handed the model one after the other before it begins), or a run attached by hand; otherwise a new run of
+    plain ``model.fit``, which the other callbacks of the same call join.
+    """
+    run = current_run(model)
+    if run is None or (run.begun and not run.manual):
+        run = start(Run(model))
+    if not any(c is callback for c in run.callbacks):
+        run.callbacks.append(callback)
+    return run
+
+
+class StepDriver:
+    """Sets the clock before each of ``model.fit``'s steps and counts the step after: once per step, whichever
+    kfit callback reaches the hook first (so the order of the callbacks does not matter).
+
+    Subclasses say what a step trains: :meth:`sizes` (the global minibatch sizes of the steps that Keras's
+    step ``batch`` runs, more than one with ``steps_per_execution``) and, when a size is only known once the
+    step has run, :meth:`count`.
+    """
+
+    #: Minibatch sizes come from kfit's plan (a minibatch-size schedule works).
+    plans_sizes = False
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.pending: list[int] | None = None
+        self.pending_batch: int | None = None
+        self.applied: int | None = None
+
+    def sizes(self, clock: Clock, batch: int) -> list[int] | None:
+        """The sizes of what step ``batch`` trains: None when the epoch's data has ended (no step runs), ``[]``
+        when the step runs but its size is not known yet."""
+        raise NotImplementedError
+
+    def count(self, clock: Clock, sizes: list[int]) -> None:
+        """Counts a finished step on the clock."""
+        for size in sizes:
+            clock.advance(size)
+
+    def batch_begin(self, clock: Clock, batch: int) -> bool:
+        """Plans step ``batch``; False when there is no such step (Keras asks for one more step before it finds
+        that the epoch's data has ended)."""
+        if self.pending is not None:
+            if self.pending_batch == batch:
+                return True  # another kfit callback already planned this step
+            self.flush(clock)  # the previous step finished and no batch-end hook counted it
+        sizes = self.sizes(clock, batch)
+        if not sizes:
+            return sizes is not None
+        clock.minibatch_size = sizes[0]
+        if sizes[0] != self.applied:
+            apply_minibatch_size(self.model, sizes[0])
+            self.applied = sizes[0]
+        self.pending, self.pending_batch = sizes, batch
+        return True
+
+    def batch_end(self, clock: Clock) -> None:
+        self.flush(clock)
+
+    def flush(self, clock: Clock) -> None:
+        """Counts the step in progress, once."""
+        if self.pending is None:
+            return
+        sizes, self.pending, self.pending_batch = self.pending, None, None
+        self.count(clock, sizes)
+
+
+def apply_minibatch_size(model: Any, size: int) -> None:
+    """Tells an optimizer that keeps a ``minibatch_size`` variable (kfit's MomentumSGD) the new size."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return
+    from kfit import _backend
+    from kfit.optimizers import minibatch_size_variable
+
+    variable = minibatch_size_variable(optimizer)
+    if variable is not None:
+        _backend.set_variable(model, variable, float(size))

@@ -1,0 +1,145 @@
+"""``kfit.fit``'s options, validated once into a frozen object, whichever loop then trains.
+
+Both ways ``kfit.fit`` trains (``model.fit`` itself when no kfit-only feature is asked for, and ``model.fit`` on
+kfit's stream otherwise) read the same :class:`FitOptions`, so a bad argument gets the same error on both.
+
+Example:
+    >>> options = FitOptions.from_arguments(minibatch_size=64, epochs=2)
+    >>> options.minibatch_size, options.epochs, options.kfit_only
+    (64, 2, False)
+    >>> FitOptions.from_arguments(validation_split=-0.1)
+    Traceback (most recent call last):
+    ...
+    kfit._checks.InvalidArgumentError: Invalid value for argument `validation_split`: expected a number in [0.0, 1.0). Received: validation_split=-0.1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from kfit import _checks
+
+_VERBOSE = ("auto", 0, 1, 2)
+_SHUFFLE = (True, False, "batch")
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """Every argument of :func:`kfit.fit` but the data, the model and the callbacks, checked.
+
+    ``minibatch_size`` is an int, a ``kfit.schedules.minibatch_size`` schedule, or None (Keras's default, 32);
+    ``batch_size`` and a ``MinibatchSizeSchedule`` callback are folded into it.
+    """
+
+    minibatch_size: Any = None
+    epochs: int | None = None
+    verbose: Any = "auto"
+    validation_split: float = 0.0
+    shuffle: Any = True
+    class_weight: dict | None = None
+    initial_epoch: int = 0
+    steps_per_epoch: int | None = None
+    validation_steps: int | None = None
+    validation_batch_size: int | None = None
+    validation_freq: Any = 1
+    epoch_size: int | None = None
+    max_samples: int | None = None
+    seed: int | None = None
+    prefetch: int = 2
+
+    @classmethod
+    def from_arguments(cls, *, batch_size: Any = None, callbacks: list | None = None, sample_weight: Any = None,
+                       **arguments: Any) -> FitOptions:
+        """Checks ``kfit.fit``'s arguments (named as there) and returns them as options.
+
+        Raises:
+            InvalidArgumentError: an argument is not what ``kfit.fit`` accepts (the message names it and the
+                value received).
+        """
+        options = cls(**arguments)
+        minibatch_size = options.minibatch_size
+        if batch_size is not None and minibatch_size is not None and batch_size != minibatch_size:
+            raise _checks.InvalidArgumentError(
+                "Arguments `batch_size` and `minibatch_size` are aliases; give one. Received: "
+                f"batch_size={batch_size!r}, minibatch_size={minibatch_size!r}")
+        minibatch_size = minibatch_size if minibatch_size is not None else batch_size
+        from kfit.callbacks._minibatch_size_schedule import MinibatchSizeSchedule
+
+        size_callbacks = [c for c in callbacks or [] if isinstance(c, MinibatchSizeSchedule)]
+        if len(size_callbacks) > 1:
+            raise _checks.InvalidArgumentError("Give at most one MinibatchSizeSchedule callback.")
+        if size_callbacks:
+            if minibatch_size is not None:
+                raise _checks.InvalidArgumentError(
+                    "Give the minibatch size either as `minibatch_size=` or as a MinibatchSizeSchedule callback, not both.")
+            minibatch_size = size_callbacks[0].schedule
+        for name in ("epochs", "steps_per_epoch", "validation_steps", "validation_batch_size", "epoch_size",
+                     "max_samples"):
+            _checks.count(name, getattr(options, name), low=1, allow_none=True)
+        _checks.count("seed", options.seed, allow_none=True)
+        _checks.count("initial_epoch", options.initial_epoch)
+        _checks.count("prefetch", options.prefetch)
+        _checks.real("validation_split", options.validation_split, low=0.0, high=1.0, high_inclusive=False)
+        _checks.choice("verbose", options.verbose, _VERBOSE)
+        _checks.choice("shuffle", options.shuffle, _SHUFFLE)
+        _check_validation_freq(options.validation_freq)
+        if options.class_weight is not None:
+            if not isinstance(options.class_weight, dict):
+                raise _checks.InvalidArgumentError(
+                    "Invalid value for argument `class_weight`: expected a dict of class index to weight. Received: "
+                    f"class_weight={options.class_weight!r}")
+            if sample_weight is not None:
+                raise _checks.InvalidArgumentError(
+                    "Arguments `sample_weight` and `class_weight` cannot be given together (as in model.fit).")
+        return dataclasses.replace(options, minibatch_size=_check_minibatch_size(minibatch_size))
+
+    @property
+    def fixed_minibatch_size(self) -> int | None:
+        """The minibatch size when it does not change (None for a schedule)."""
+        return self.minibatch_size if isinstance(self.minibatch_size, int) else None
+
+    @property
+    def kfit_only(self) -> bool:
+        """Some option only kfit's stream gives (``model.fit`` itself cannot train with it)."""
+        return (self.minibatch_size is not None and not isinstance(self.minibatch_size, int)) or any(
+            value is not None for value in (self.epoch_size, self.max_samples, self.seed))
+
+
+def _check_minibatch_size(value: Any) -> Any:
+    """An int, a ``kfit.schedules.minibatch_size`` schedule (lists and callables become one), or None."""
+    if value is None:
+        return None
+    from kfit import schedules
+
+    if isinstance(value, schedules.HyperparameterSchedule):
+        if value.kind != "minibatch_size":
+            raise _checks.InvalidArgumentError(
+                "Invalid value for argument `minibatch_size`: expected an int or kfit.schedules.minibatch_size(...). "
+                f"Received a {value.kind} schedule: {value!r}")
+        return value
+    if isinstance(value, (list, tuple)) or callable(value):
+        return schedules.minibatch_size(value)
+    return _checks.count("minibatch_size", value, low=1)
+
+
+def _check_validation_freq(validation_freq: Any) -> None:
+    valid = _checks.is_integer(validation_freq) and validation_freq >= 1
+    if not valid and isinstance(validation_freq, (list, tuple, set, range)):
+        valid = bool(validation_freq) and all(_checks.is_integer(e) and e >= 1 for e in validation_freq)
+    if not valid:
+        raise _checks.InvalidArgumentError(
+            "Invalid value for argument `validation_freq`: expected a positive integer (validate every N epochs) or "
+            f"a collection of epoch numbers counted from 1. Received: validation_freq={validation_freq!r}")
+
+
+def size_function(minibatch_size: Any) -> Any:
+    """``size_at(samples, minibatches)`` for a checked ``minibatch_size`` (None: Keras's default, 32)."""
+    if minibatch_size is None or isinstance(minibatch_size, int):
+        size = 32 if minibatch_size is None else minibatch_size
+        return lambda s, m: size
+    return lambda s, m: int(minibatch_size.value(s, m))
+
+
+__all__ = ["FitOptions"]

@@ -1,0 +1,155 @@
+"""A run's state belongs to the run: nothing of it stays on the user's model, and the next run starts fresh."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+import kfit
+from kfit.callbacks import (
+    Checkpoint,
+    CrossValidation,
+    EarlyStopping,
+    LearningRateSchedule,
+    SampleClock,
+)
+
+
+def _data(n=64):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 4)).astype("float32")
+    return x, (x @ np.arange(1, 5, dtype="float32")[:, None]).astype("float32")
+
+
+def _model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    return model
+
+
+def _kfit_state(model) -> list[str]:
+    """The attributes of ``model`` that hold kfit objects or carry kfit's name (but ``model.history``, which Keras's
+    fit sets to the run's History, as model.fit does)."""
+    found = []
+    for name, value in vars(model).items():
+        if name == "history" and isinstance(value, keras.callbacks.History):
+            continue
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if "kfit" in name or any(type(v).__module__.startswith("kfit") for v in values):
+            found.append(name)
+    return found
+
+
+def test_nothing_of_a_kfit_fit_run_stays_on_the_model(tmp_path):
+    model = _model()
+    x, y = _data()
+    callbacks = [Checkpoint(tmp_path / "run.ckpt"), CrossValidation(_data(16), frequency=32),
+                 LearningRateSchedule(kfit.schedules.learning_rate_per_minibatch(0.01))]
+    history = kfit.fit(model, x, y, minibatch_size=8, epochs=2, seed=0, callbacks=callbacks, verbose=0)
+    assert _kfit_state(model) == []
+    assert kfit.get_context(model) is None  # the run ended with kfit.fit
+    assert kfit.get_clock(model).samples == 128 == sum(s.samples for s in history.epoch_summaries)
+
+
+def test_nothing_of_a_model_fit_run_with_kfit_callbacks_stays_on_the_model():
+    model = _model()
+    x, y = _data()
+    cv = CrossValidation(_data(16), frequency=32)
+    callbacks = [SampleClock(batch_size=8, num_samples=64), cv,
+                 LearningRateSchedule(kfit.schedules.learning_rate_per_minibatch(0.01)),
+                 EarlyStopping(monitor="val_loss", unit="evaluations", patience=100)]
+    model.fit(x, y, batch_size=8, epochs=2, callbacks=callbacks, verbose=0)
+    assert _kfit_state(model) == []
+    assert kfit.get_context(model) is None
+    assert len(cv.results) == 4  # every 32 samples of 128
+    assert kfit.get_clock(model).samples == 128  # the clock the run ended with stays readable
+
+
+def test_a_schedule_in_a_later_model_fit_without_a_sample_clock_is_refused_not_frozen():
+    # The previous run's clock used to stay on the model: a later schedule read it and never advanced.
+    model = _model()
+    x, y = _data()
+    kfit.fit(model, x, y, minibatch_size=8, epochs=1, seed=0, verbose=0)
+    schedule = LearningRateSchedule(kfit.schedules.learning_rate_per_minibatch([0.01, 0.001], epoch_size=8))
+    with pytest.raises(RuntimeError, match="needs kfit's sample clock, and this run has none.*SampleClock"):
+        model.fit(x, y, batch_size=8, epochs=1, callbacks=[schedule], verbose=0)
+
+
+def test_callbacks_of_an_earlier_model_fit_do_not_reach_a_later_run():
+    model = _model()
+    x, y = _data()
+    cv = CrossValidation(_data(16), frequency=32)
+    stopper = EarlyStopping(monitor="val_loss", unit="evaluations", patience=100)
+    model.fit(x, y, batch_size=8, epochs=1, callbacks=[SampleClock(batch_size=8, num_samples=64), cv, stopper],
+              verbose=0)
+    assert cv in stopper.peers()
+    clock = SampleClock(batch_size=8, num_samples=64)
+    model.fit(x, y, batch_size=8, epochs=1, callbacks=[clock, stopper], verbose=0)
+    assert stopper.peers() == [clock, stopper]
+    assert stopper.clock.samples == 64  # the second run's own clock, from zero
+
+
+@pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])
+def test_a_second_run_with_the_same_callbacks_starts_fresh(loop):
+    model = _model()
+    x, y = _data()
+    schedule = LearningRateSchedule(kfit.schedules.learning_rate_per_minibatch([0.02] * 8 + [0.002], epoch_size=8))
+
+    def train():
+        if loop == "kfit.fit":
+            return kfit.fit(model, x, y, minibatch_size=8, epochs=2, seed=0, callbacks=[schedule], verbose=0)
+        return model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+                         callbacks=[SampleClock(batch_size=8, num_samples=64), schedule])
+
+    first = train().history["lr"]
+    second = train().history["lr"]
+    assert first == pytest.approx([0.02, 0.002])
+    assert second == first  # the schedule starts over with the second run's clock (not at sample 128)
+    assert kfit.get_clock(model).samples == 128  # the second run's samples only
+
+
+# -- one validation for both ways kfit.fit trains --------------------------------------------------
+BAD_ARGUMENTS = [
+    ({"minibatch_size": 0}, r"`minibatch_size`: expected a positive integer. Received: minibatch_size=0"),
+    ({"batch_size": -3}, r"`minibatch_size`: expected a positive integer. Received: minibatch_size=-3"),
+    ({"minibatch_size": 8.0}, r"Received: minibatch_size=8.0"),
+    ({"batch_size": 8, "minibatch_size": 16}, r"aliases; give one"),
+    ({"validation_split": -0.1}, r"`validation_split`: expected a number in \[0.0, 1.0\). Received: validation_split=-0.1"),
+    ({"validation_split": 1.0}, r"validation_split=1.0"),
+    ({"epochs": 0}, r"`epochs`: expected a positive integer or None. Received: epochs=0"),
+    ({"epochs": True}, r"Received: epochs=True"),
+    ({"steps_per_epoch": -1}, r"steps_per_epoch=-1"),
+    ({"validation_steps": 0}, r"validation_steps=0"),
+    ({"validation_batch_size": 0}, r"validation_batch_size=0"),
+    ({"initial_epoch": -1}, r"`initial_epoch`: expected a non-negative integer. Received: initial_epoch=-1"),
+    ({"validation_freq": 0}, r"validation_freq=0"),
+    ({"verbose": 3}, r"`verbose`: expected one of \['auto', 0, 1, 2\]. Received: verbose=3"),
+    ({"shuffle": "yes"}, r"shuffle='yes'"),
+    ({"class_weight": [1.0, 2.0]}, r"`class_weight`: expected a dict"),
+    ({"class_weight": {0: 1.0}, "sample_weight": np.ones(64)}, r"cannot be given together"),
+    ({"prefetch": -1}, r"prefetch=-1"),
+    ({"epoch_size": 0}, r"epoch_size=0"),
+    ({"max_samples": -5}, r"max_samples=-5"),
+]
+
+
+@pytest.mark.parametrize("arguments, match", BAD_ARGUMENTS, ids=[str(a) for a, _ in BAD_ARGUMENTS])
+def test_kfit_fit_validates_its_arguments_the_same_on_both_paths(arguments, match):
+    x, y = _data()
+    # Without a kfit-only option kfit.fit is model.fit; with seed= it trains on kfit's stream.
+    paths = [{}] if {"epoch_size", "max_samples"} & set(arguments) else [{}, {"seed": 0}]
+    for extra in paths:
+        model = _model()
+        before = [w.copy() for w in model.get_weights()]
+        with pytest.raises(ValueError, match=match):
+            kfit.fit(model, x, y, **{"verbose": 0, **arguments, **extra})
+        assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights())), extra  # nothing trained
+        assert _kfit_state(model) == [] and kfit.get_context(model) is None
+
+
+def test_a_wrong_type_is_also_a_type_error():
+    x, y = _data()
+    with pytest.raises(TypeError, match="epochs='2'"):
+        kfit.fit(_model(), x, y, epochs="2", verbose=0)
