@@ -20,11 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("callbacks", "checkpoint", "cli", "cntk", "data", "distributed", "optimizers", "plotting", "schedules", "training")
+_SUBMODULES = ("callbacks", "checkpoint", "cli", "cntk", "data", "distributed", "interval", "optimizers", "plotting",
+               "schedules", "training")
 # name -> the module that defines it
 _NAMES = {
     "Clock": "kfit.clock",
     "get_clock": "kfit.clock",
+    "Interval": "kfit.interval",
+    "Run": "kfit.training",
     "EpochSummary": "kfit.training",
     "fit": "kfit.training",
     "get_context": "kfit.training",
@@ -36,7 +39,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __g
     from kfit import callbacks, checkpoint, data, distributed, optimizers, schedules  # noqa: F401
     from kfit.checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
     from kfit.clock import Clock, get_clock  # noqa: F401
-    from kfit.training import EpochSummary, fit, get_context  # noqa: F401
+    from kfit.interval import Interval  # noqa: F401
+    from kfit.training import EpochSummary, Run, fit, get_context  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
@@ -56,6 +60,8 @@ def __dir__() -> list[str]:
 __all__ = [
     "Clock",
     "EpochSummary",
+    "Interval",
+    "Run",
     "__version__",
     "callbacks",
     "data",

@@ -66,6 +66,13 @@ class Clock:
         self.samples += samples
         self.minibatches += 1
 
+    def crossed(self, interval: Any) -> bool:
+        """Whether the step just counted crossed a multiple of ``interval`` (a :class:`kfit.interval.Interval`,
+        ``"2ep"``, ``"100mb"``, ``"5000sp"``, or an int of samples)."""
+        from kfit.interval import Interval
+
+        return Interval.parse(interval, "interval").crossed(self)
+
     def get_state(self) -> dict[str, Any]:
         """The clock as plain data (saved in checkpoints)."""
         return {

@@ -20,6 +20,7 @@ from kfit.callbacks._base import KfitCallback
 from kfit.checkpoint import CheckpointInfo, _format, _info, _lock, _signals, _state
 from kfit.checkpoint._format import CheckpointError, CheckpointMismatchError, CheckpointWriteError
 from kfit.clock import Clock
+from kfit.interval import Interval
 
 MODEL_FIT_NOTE = (
     "Checkpoint under plain model.fit: the weights, optimizer, metrics, clock and callback states are "
@@ -139,7 +140,8 @@ class Checkpoint(KfitCallback):
 
     Args:
         path: the checkpoint file (its directory is created if needed).
-        frequency: save every ``frequency`` samples (global).
+        frequency: save every ``frequency`` samples (global), or at an interval string (``"2ep"``, ``"100mb"``,
+            ``"50000sp"``, or a :class:`kfit.interval.Interval`).
         epochs: save every ``epochs`` epochs.
         preserve_all: keep every checkpoint (``path.<samples>``).
         keep: keep the newest ``keep`` checkpoints (``keep > 1`` names them by sample count).
@@ -168,7 +170,7 @@ class Checkpoint(KfitCallback):
     def __init__(
         self,
         path: str | os.PathLike,
-        frequency: int | None = None,
+        frequency: int | str | Interval | None = None,
         epochs: int | None = None,
         preserve_all: bool = False,
         keep: int = 1,
@@ -185,7 +187,7 @@ class Checkpoint(KfitCallback):
         path = os.fspath(path)
         if os.path.isdir(path):
             raise ValueError(f"Invalid value for argument `path`: {path!r} is a directory; give a file name in it, e.g. {os.path.join(path, 'model.ckpt')!r}.")
-        _checks.count("frequency", frequency, low=1, allow_none=True)
+        interval = None if frequency is None else Interval.parse(frequency)
         _checks.count("epochs", epochs, low=1, allow_none=True)
         if frequency is not None and epochs is not None:
             raise ValueError(f"Give a checkpoint frequency either in samples or in epochs, not both. Received: frequency={frequency!r}, epochs={epochs!r}")
@@ -199,8 +201,12 @@ class Checkpoint(KfitCallback):
         if on_write_error not in ("raise", "warn"):
             raise ValueError(f"Invalid value for argument `on_write_error`: expected 'raise' or 'warn'. Received: on_write_error={on_write_error!r}")
         self.path = path
-        self.frequency = frequency
-        self.epochs = 1 if frequency is None and epochs is None else epochs
+        if interval is not None and interval.unit == "ep":
+            interval, epochs = None, interval.value
+        #: When a step's end saves: an :class:`kfit.interval.Interval` of samples or minibatches (or None).
+        self.interval = interval
+        self.frequency = interval.value if interval is not None and interval.unit == "sp" else None
+        self.epochs = 1 if interval is None and epochs is None else epochs
         self.preserve_all = preserve_all
         self.keep = keep
         self.restore = restore
@@ -262,8 +268,8 @@ class Checkpoint(KfitCallback):
         self.failed_writes = 0
         self._preempted = None
         self._preempt_at_epoch_end = False
-        if self.frequency is not None:
-            self.clock  # noqa: B018  (a sample frequency needs the clock: raises a clear error without one)
+        if self.interval is not None:
+            self.clock  # noqa: B018  (a step frequency needs the clock: raises a clear error without one)
         _state.stateful_callbacks(self._parts().callbacks)  # two callbacks with one state key: refuse now
         try:
             if self._chief():
@@ -330,9 +336,7 @@ class Checkpoint(KfitCallback):
             # a larger max_samples) goes on exactly as one that never stopped.
             self._save()
             return
-        if self.frequency is None or not clock.minibatch_size:
-            return
-        if (clock.samples - clock.minibatch_size) // self.frequency == clock.samples // self.frequency:
+        if self.interval is None or not clock.crossed(self.interval):
             return
         if clock.epoch_size and clock.samples_in_epoch == 0:
             self._pending = True  # save after the epoch's end (history, validation, epoch callbacks)

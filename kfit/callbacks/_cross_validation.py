@@ -19,6 +19,7 @@ from kfit import _checks
 from kfit.callbacks._base import KfitCallback
 from kfit.clock import Clock
 from kfit.data._stream import flatten, pack
+from kfit.interval import Interval
 
 _PARTS = ("x", "y", "sample_weight")
 
@@ -325,7 +326,8 @@ class CrossValidation(KfitCallback):
     Args:
         data: ``(x, y)`` or ``(x, y, sample_weight)``: NumPy arrays, h5py datasets (read one minibatch at
             a time), or dicts/lists of them for several inputs.
-        frequency: samples between evaluations (a positive int), or None: at the end of every epoch.
+        frequency: samples between evaluations (a positive int), an interval string (``"2ep"``, ``"100mb"``,
+            ``"5000sp"``, or a :class:`kfit.interval.Interval`), or None: at the end of every epoch.
         minibatch_size: the evaluation's minibatch size: a positive int or a minibatch-size schedule.
         callback: ``callback(index, average_error, cv_num_samples, cv_num_minibatches) -> bool | None``.
         max_samples: evaluate on at most this many samples of ``data`` (None: all).
@@ -353,7 +355,7 @@ class CrossValidation(KfitCallback):
     def __init__(
         self,
         data: Any,
-        frequency: int | None = None,
+        frequency: int | str | Interval | None = None,
         minibatch_size: Any = 32,
         callback: Callable[[int, float, int, int], bool | None] | None = None,
         max_samples: int | None = None,
@@ -363,14 +365,9 @@ class CrossValidation(KfitCallback):
         super().__init__(name=name)
         owner = "CrossValidation"
         self.data = EvaluationData(data, owner)
-        if frequency is not None and (
-            isinstance(frequency, (bool, np.bool_)) or not isinstance(frequency, numbers.Integral) or frequency < 1
-        ):
-            raise ValueError(
-                "Invalid value for argument `frequency`: expected a positive number of samples, or None for every "
-                f"epoch end. Received: frequency={frequency!r}"
-            )
-        self.frequency = None if frequency is None else int(frequency)
+        #: When it evaluates: an :class:`kfit.interval.Interval` (None given: every epoch end, ``"1ep"``).
+        self.interval = Interval(1, "ep") if frequency is None else Interval.parse(frequency)
+        self.frequency = self.interval.value if self.interval.unit == "sp" else None
         self.minibatch_size = check_minibatch_size(minibatch_size, owner)
         if callback is not None and not callable(callback):
             raise TypeError(f"Invalid value for argument `callback`: expected a callable or None. Received: callback={callback!r}")
@@ -407,13 +404,11 @@ class CrossValidation(KfitCallback):
         self._restored = False
 
     def on_step_end(self, clock: Clock, logs: dict | None) -> None:
-        if self.frequency is None or not clock.minibatch_size:
-            return
-        if (clock.samples - clock.minibatch_size) // self.frequency != clock.samples // self.frequency:
+        if self.interval.unit != "ep" and clock.crossed(self.interval):
             self.cross_validate()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self.frequency is None:
+        if self.interval.unit == "ep" and (epoch + 1) % self.interval.value == 0:
             self.cross_validate()
         if logs is not None and self._epoch_logs:
             self._add_to_epoch_logs(epoch, logs, self._epoch_logs)
