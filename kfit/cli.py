@@ -120,7 +120,7 @@ def find_checkpoints(directory: str) -> list[str]:
     for root, dirs, files in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in files:
-            if _format._TEMP_INFIX in name:
+            if _format.TEMP_INFIX in name:
                 continue
             path = os.path.join(root, name)
             if os.path.isfile(path) and _is_hdf5(path):

@@ -164,6 +164,8 @@ class Checkpoint(KfitCallback):
     """
 
     default_name = "checkpoint"
+    #: Its state is the file it writes: not saved inside checkpoints.
+    writes_checkpoints = True
     needs_stream = True
     order = 100
 
@@ -191,9 +193,9 @@ class Checkpoint(KfitCallback):
         _checks.count("epochs", epochs, low=1, allow_none=True)
         if frequency is not None and epochs is not None:
             raise ValueError(f"Give a checkpoint frequency either in samples or in epochs, not both. Received: frequency={frequency!r}, epochs={epochs!r}")
-        from kfit.checkpoint import _check_keep
+        from kfit.checkpoint import check_keep
 
-        _check_keep(keep, preserve_all)
+        check_keep(keep, preserve_all)
         for argument, value in (("restore", restore), ("async_write", async_write),
                                 ("resume_finished", resume_finished), ("save_on_preemption", save_on_preemption)):
             if not isinstance(value, bool):
@@ -292,10 +294,10 @@ class Checkpoint(KfitCallback):
         return not self.training_run.kfit_fit or _run.current_run(self._model) is self.training_run
 
     def _check_writable(self) -> None:
-        from kfit.checkpoint import _make_directory
+        from kfit.checkpoint import make_directory
 
-        _make_directory(self.path)
-        probe = f"{self.path}{_format._TEMP_INFIX}{os.getpid()}.probe"
+        make_directory(self.path)
+        probe = f"{self.path}{_format.TEMP_INFIX}{os.getpid()}.probe"
         try:
             with open(probe, "wb") as f:
                 f.write(b"kfit")

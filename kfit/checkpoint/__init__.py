@@ -181,10 +181,10 @@ def save_checkpoint(
     """
     from kfit.checkpoint import _state
 
-    _check_keep(keep, preserve_all)
+    check_keep(keep, preserve_all)
 
     path = os.fspath(path)
-    _make_directory(path)
+    make_directory(path)
     parts = _state.training_parts(model, clock, stream, callbacks, history)
     arrays, meta = _state.collect(parts)
     samples = meta["summary"]["samples"] or 0
@@ -200,7 +200,7 @@ def load_checkpoint(
     stream: Any = None,
     callbacks: list | None = None,
     history: Any = None,
-    random_state: bool = True,
+    random_state: bool = False,
 ) -> CheckpointInfo:
     """Restores a checkpoint into ``model`` (and the clock, stream, callbacks and history given).
 
@@ -212,7 +212,9 @@ def load_checkpoint(
         path: the checkpoint file.
         model: a built, compiled model like the one that saved it.
         clock, stream, callbacks, history: the parts to restore (inside a run: the run's, by default).
-        random_state: also restore the NumPy, Python and (on PyTorch) torch global random states.
+        random_state: also restore the process-wide NumPy, Python and (on PyTorch) torch random states (off by
+            default: a library call leaves the process's random state alone; the ``Checkpoint`` callback restores
+            them, as an exact resume needs).
 
     Returns:
         A :class:`CheckpointInfo` of the file restored.
@@ -295,14 +297,14 @@ def list_checkpoints(path: str | os.PathLike) -> list[tuple[int | None, str]]:
     return sorted(listed, key=lambda item: (float("inf") if item[0] is None else item[0], item[1] == path), reverse=True)
 
 
-def _check_keep(keep: Any, preserve_all: Any) -> None:
+def check_keep(keep: Any, preserve_all: Any) -> None:
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise ValueError(f"Invalid value for argument `keep`: expected a positive integer. Received: keep={keep!r}")
     if not isinstance(preserve_all, bool):
         raise ValueError(f"Invalid value for argument `preserve_all`: expected True or False. Received: preserve_all={preserve_all!r}")
 
 
-def _make_directory(path: str) -> None:
+def make_directory(path: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)

@@ -61,7 +61,7 @@ _DIGEST = slice(_HEADER.size, _HEADER.size + 32)
 _NOTE = (b"kfit checkpoint: a SHA-256-sealed header, then an HDF5 file (h5py and h5dump read it as a "
          b"file with a 512-byte user block). Read it with kfit.load_checkpoint or `kfit inspect`.\n")
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-_TEMP_INFIX = ".tmp."
+TEMP_INFIX = ".tmp."
 _COUNTER = itertools.count()
 # Above this many bytes, the SHA-256 is computed on a second thread while the file is written.
 _PARALLEL_HASH_BYTES = 8 << 20
@@ -238,7 +238,7 @@ def _write_sealed(temp: str, image: bytes) -> str:
 
 
 def _link_or_copy(source: str, target: str) -> None:
-    temp = f"{target}{_TEMP_INFIX}link.{os.getpid()}.{next(_COUNTER)}"
+    temp = f"{target}{TEMP_INFIX}link.{os.getpid()}.{next(_COUNTER)}"
     try:
         try:
             os.link(source, temp)
@@ -272,7 +272,7 @@ def write_file(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dic
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    temp = f"{path}{_TEMP_INFIX}{os.getpid()}.{next(_COUNTER)}"
+    temp = f"{path}{TEMP_INFIX}{os.getpid()}.{next(_COUNTER)}"
     image = _hdf5_image(arrays, meta)
     try:
         digest = _write_sealed(temp, image)
@@ -548,7 +548,7 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     prefix = os.path.basename(path)
-    own = f"{_TEMP_INFIX}{os.getpid()}."
+    own = f"{TEMP_INFIX}{os.getpid()}."
     removed = []
     try:
         names = os.listdir(directory)
@@ -556,7 +556,7 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
         return removed
     for name in names:
         rest = name[len(prefix):]
-        if name.startswith(prefix) and rest.startswith(".") and _TEMP_INFIX in rest and own not in rest:
+        if name.startswith(prefix) and rest.startswith(".") and TEMP_INFIX in rest and own not in rest:
             file = os.path.join(directory, name)
             _remove_quietly(file)
             removed.append(file)

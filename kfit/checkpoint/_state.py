@@ -54,9 +54,7 @@ def model_variables(model: Any) -> dict[str, list]:
 
 def state_key(callback: Any) -> str:
     """The key of a callback's state: its ``name`` for kfit callbacks, its class name otherwise."""
-    from kfit.callbacks._base import KfitCallback
-
-    return callback.name if isinstance(callback, KfitCallback) else type(callback).__name__
+    return callback.name if hasattr(type(callback), "default_name") else type(callback).__name__
 
 
 def stateful_callbacks(callbacks: list) -> dict[str, Any]:
@@ -65,11 +63,9 @@ def stateful_callbacks(callbacks: list) -> dict[str, Any]:
     Raises:
         ValueError: two callbacks have the same key.
     """
-    from kfit.callbacks._checkpoint import Checkpoint
-
     keyed: dict[str, Any] = {}
     for callback in callbacks:
-        if isinstance(callback, Checkpoint) or not callable(getattr(callback, "get_state", None)):
+        if getattr(callback, "writes_checkpoints", False) or not callable(getattr(callback, "get_state", None)):
             continue
         key = state_key(callback)
         if key in keyed and keyed[key] is not callback:
