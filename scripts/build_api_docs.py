@@ -21,7 +21,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "api.md"
 MODULES = [
-    ("kfit", ["fit", "Clock", "get_clock", "get_context", "save_checkpoint", "load_checkpoint", "EpochSummary"]),
+    ("kfit", ["fit", "Clock", "Interval", "Run", "get_clock", "get_context", "save_checkpoint", "load_checkpoint",
+              "EpochSummary"]),
     ("kfit.schedules", None),
     ("kfit.cntk", None),
     ("kfit.optimizers", None),
