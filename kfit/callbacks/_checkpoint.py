@@ -198,10 +198,8 @@ class Checkpoint(KfitCallback):
         check_keep(keep, preserve_all)
         for argument, value in (("restore", restore), ("async_write", async_write),
                                 ("resume_finished", resume_finished), ("save_on_preemption", save_on_preemption)):
-            if not isinstance(value, bool):
-                raise ValueError(f"Invalid value for argument `{argument}`: expected True or False. Received: {argument}={value!r}")
-        if on_write_error not in ("raise", "warn"):
-            raise ValueError(f"Invalid value for argument `on_write_error`: expected 'raise' or 'warn'. Received: on_write_error={on_write_error!r}")
+            _checks.boolean(argument, value)
+        _checks.choice("on_write_error", on_write_error, ("raise", "warn"))
         self.path = path
         if interval is not None and interval.unit == "ep":
             interval, epochs = None, interval.value

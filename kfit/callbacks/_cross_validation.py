@@ -18,7 +18,7 @@ import numpy as np
 from kfit import _checks
 from kfit.callbacks._base import KfitCallback
 from kfit.clock import Clock
-from kfit.data._stream import flatten, pack
+from kfit.data._stream import flatten, pack, to_host
 from kfit.interval import Interval
 
 _PARTS = ("x", "y", "sample_weight")
@@ -27,15 +27,6 @@ _PARTS = ("x", "y", "sample_weight")
 def _describe(leaf: Any) -> str:
     shape = getattr(leaf, "shape", None)
     return f"{type(leaf).__name__} of shape {tuple(shape)}" if shape is not None else type(leaf).__name__
-
-
-def _to_host(leaf: Any) -> Any:
-    """Backend tensors to NumPy; NumPy arrays and h5py datasets stay as they are (read by minibatch)."""
-    if leaf is None or isinstance(leaf, np.ndarray) or type(leaf).__module__.startswith("h5py"):
-        return leaf
-    if keras.ops.is_tensor(leaf):
-        return keras.ops.convert_to_numpy(leaf)
-    return leaf
 
 
 def _is_source(data: Any) -> bool:
@@ -106,11 +97,7 @@ class EvaluationData:
         if self.num_samples == 0:
             raise ValueError(f"Invalid value for argument `{argument}` of {owner}: it holds no sample.")
 
-    @staticmethod
-    def _host(part: Any) -> Any:
-        if part is None:
-            return None
-        return pack(part, [_to_host(leaf) for leaf in flatten(part)])
+    _host = staticmethod(to_host)
 
     def check_model(self, model: Any) -> None:
         """Evaluates one minibatch of arrays now, so that data that does not fit the model (by Keras's own
@@ -372,11 +359,7 @@ class CrossValidation(KfitCallback):
         if callback is not None and not callable(callback):
             raise TypeError(f"Invalid value for argument `callback`: expected a callable or None. Received: callback={callback!r}")
         self.callback = callback
-        if max_samples is not None and (
-            isinstance(max_samples, (bool, np.bool_)) or not isinstance(max_samples, numbers.Integral) or max_samples < 1
-        ):
-            raise ValueError(f"Invalid value for argument `max_samples`: expected a positive integer or None. Received: max_samples={max_samples!r}")
-        self.max_samples = None if max_samples is None else int(max_samples)
+        self.max_samples = _checks.count("max_samples", max_samples, low=1, allow_none=True)
         if metric is not None and (not isinstance(metric, str) or not metric):
             raise ValueError(f"Invalid value for argument `metric`: expected a metric's name or None. Received: metric={metric!r}")
         self.metric = metric

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from kfit import _checks
 from kfit.callbacks._monitor import MonitorCallback, check_count, check_real
 
 
@@ -86,11 +87,7 @@ class EarlyStopping(MonitorCallback):
         self.min_samples = check_count("min_samples", min_samples, allow_none=True)
         self.min_epochs = check_count("min_epochs", min_epochs, allow_none=True)
         self.baseline = check_real("baseline", baseline, low=-float("inf"), allow_none=True)
-        if not isinstance(restore_best_weights, bool):
-            raise TypeError(
-                "Invalid value for argument `restore_best_weights`: expected True or False. "
-                f"Received: restore_best_weights={restore_best_weights!r}"
-            )
+        _checks.boolean("restore_best_weights", restore_best_weights)
         self.restore_best_weights = restore_best_weights
         super().__init__(
             monitor, mode=mode, min_delta=min_delta, min_delta_mode=min_delta_mode, unit=unit,

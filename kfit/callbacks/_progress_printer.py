@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from kfit import distributed
+from kfit import _checks, distributed
 from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._running_means import (
     HYPERPARAMETER_KEYS,
@@ -116,23 +116,15 @@ class ProgressPrinter(KfitCallback):
         name: str | None = None,
     ):
         super().__init__(name=name)
-        if freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 0):
-            raise ValueError(
-                f"Invalid value for argument `freq`: expected a non-negative integer (0: geometric intervals) "
-                f"or None (epoch lines only). Received: freq={freq!r}"
-            )
-        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
-            raise ValueError(f"Invalid value for argument `first`: expected a non-negative integer. Received: first={first!r}")
+        freq = _checks.count("freq", freq, allow_none=True)  # 0: geometric intervals; None: epoch lines only
+        first = _checks.count("first", first)
         if not isinstance(tag, str):
             raise ValueError(f"Invalid value for argument `tag`: expected a string. Received: tag={tag!r}")
         if log_to_file is not None and not isinstance(log_to_file, (str, os.PathLike)):
             raise ValueError(
                 f"Invalid value for argument `log_to_file`: expected a path or None. Received: log_to_file={log_to_file!r}"
             )
-        if not isinstance(metric_is_pct, bool):
-            raise ValueError(
-                f"Invalid value for argument `metric_is_pct`: expected True or False. Received: metric_is_pct={metric_is_pct!r}"
-            )
+        _checks.boolean("metric_is_pct", metric_is_pct)
         self.freq = freq
         self.first = first
         self.tag = tag

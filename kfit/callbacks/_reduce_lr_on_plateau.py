@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import numpy as np
 
-from kfit import _backend
+from kfit import _backend, _checks
 from kfit.callbacks._monitor import MonitorCallback, check_count, check_real
 
 
@@ -88,16 +87,12 @@ class ReduceLROnPlateau(MonitorCallback):
         verbose: int = 0,
         name: str | None = None,
     ):
-        if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or not 0.0 < factor < 1.0:
-            raise ValueError(f"Invalid value for argument `factor`: expected a number in (0, 1). Received: factor={factor!r}")
-        self.factor = float(factor)
+        self.factor = _checks.real("factor", factor, low=0.0, high=1.0, low_inclusive=False, high_inclusive=False)
         self.patience = check_count("patience", patience)
         self.cooldown = check_count("cooldown", cooldown)
         self.min_lr = check_real("min_lr", min_lr)
         self.min_lr_change = check_real("min_lr_change", min_lr_change)
-        if not isinstance(stop_at_floor, bool):
-            raise TypeError(f"Invalid value for argument `stop_at_floor`: expected True or False. Received: stop_at_floor={stop_at_floor!r}")
-        self.stop_at_floor = stop_at_floor
+        self.stop_at_floor = _checks.boolean("stop_at_floor", stop_at_floor)
         self.max_reductions = check_count("max_reductions", max_reductions, allow_none=True)
         super().__init__(
             monitor, mode=mode, min_delta=min_delta, min_delta_mode=min_delta_mode, unit=unit,

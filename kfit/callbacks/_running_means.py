@@ -31,15 +31,6 @@ def is_loss_key(key: str) -> bool:
     return key == "loss" or key.endswith("_loss")
 
 
-def first_metric_key(keys: Any) -> str | None:
-    """The first compiled metric among the keys of training logs (not a loss, a validation result or a
-    hyperparameter), or None."""
-    for key in keys:
-        if not is_loss_key(key) and not key.startswith(("val_", "test_")) and key not in HYPERPARAMETER_KEYS:
-            return key
-    return None
-
-
 def without_step_end(callback: Any) -> None:
     """Gives ``callback`` Keras's default (empty) batch-end hook, for a progress callback with nothing to
     do after each step: Keras then keeps its asynchronous dispatch under plain ``model.fit`` instead of

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kfit import _checks
 from kfit._run import StepDriver
 from kfit.callbacks._base import KfitCallback
 from kfit.clock import Clock
@@ -49,12 +50,8 @@ class SampleClock(KfitCallback):
 
     def __init__(self, batch_size: int, num_samples: int | None = None):
         super().__init__()
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"Invalid value for argument `batch_size`: expected a positive integer. Received: batch_size={batch_size!r}")
-        if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1):
-            raise ValueError(f"Invalid value for argument `num_samples`: expected a positive integer or None. Received: num_samples={num_samples!r}")
-        self.batch_size = batch_size
-        self.num_samples = num_samples
+        self.batch_size = _checks.count("batch_size", batch_size, low=1)
+        self.num_samples = _checks.count("num_samples", num_samples, low=1, allow_none=True)
 
     def set_model(self, model: Any) -> None:
         super().set_model(model)

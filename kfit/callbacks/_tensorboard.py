@@ -14,7 +14,7 @@ import struct
 import time
 from typing import Any
 
-from kfit import distributed
+from kfit import _checks, distributed
 from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._running_means import IntervalMeans, ScheduledValues, is_due, to_float, without_step_end
 from kfit.clock import Clock
@@ -146,10 +146,7 @@ class TensorBoardProgressWriter(KfitCallback):
         super().__init__(name=name)
         if isinstance(log_dir, int) and not isinstance(log_dir, bool) and isinstance(freq, (str, os.PathLike)):
             log_dir, freq = freq, log_dir  # CNTK's order: (freq, log_dir)
-        if freq is not None and (isinstance(freq, bool) or not isinstance(freq, int) or freq < 1):
-            raise ValueError(
-                f"Invalid value for argument `freq`: expected a positive integer (minibatches) or None. Received: freq={freq!r}"
-            )
+        _checks.count("freq", freq, low=1, allow_none=True)  # minibatches
         if not isinstance(log_dir, (str, os.PathLike)):
             raise ValueError(
                 f"Invalid value for argument `log_dir`: expected a path (the first argument, as in keras.callbacks.TensorBoard). "

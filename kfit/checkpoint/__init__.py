@@ -29,6 +29,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from kfit import _checks
 from kfit.checkpoint import _format, _lock
 from kfit.checkpoint._format import (
     FORMAT_VERSION,
@@ -298,10 +299,8 @@ def list_checkpoints(path: str | os.PathLike) -> list[tuple[int | None, str]]:
 
 
 def check_keep(keep: Any, preserve_all: Any) -> None:
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise ValueError(f"Invalid value for argument `keep`: expected a positive integer. Received: keep={keep!r}")
-    if not isinstance(preserve_all, bool):
-        raise ValueError(f"Invalid value for argument `preserve_all`: expected True or False. Received: preserve_all={preserve_all!r}")
+    _checks.count("keep", keep, low=1)
+    _checks.boolean("preserve_all", preserve_all)
 
 
 def make_directory(path: str) -> None:

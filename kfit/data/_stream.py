@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from kfit import _checks
+
 try:  # h5py is a dependency, but the stream works without it for plain arrays.
     import h5py
 except ImportError:  # pragma: no cover
@@ -47,6 +49,21 @@ def pack(structure: Any, leaves: list) -> Any:
         return next(it)
 
     return build(structure)
+
+
+def to_host(structure: Any) -> Any:
+    """Backend tensors in ``structure`` to NumPy; arrays and h5py datasets stay as they are (read by minibatch)."""
+    if structure is None:
+        return None
+    leaves = []
+    for leaf in flatten(structure):
+        if leaf is not None and not isinstance(leaf, np.ndarray) and not type(leaf).__module__.startswith("h5py"):
+            import keras
+
+            if keras.ops.is_tensor(leaf) or hasattr(leaf, "__array__"):
+                leaf = keras.ops.convert_to_numpy(leaf)
+        leaves.append(leaf)
+    return pack(structure, leaves)
 
 
 def is_h5py_dataset(a: Any) -> bool:
@@ -111,10 +128,8 @@ class SampleStream:
         rank: int = 0,
         num_workers: int = 1,
     ):
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"Invalid value for argument `seed`: expected a non-negative integer. Received: seed={seed!r}")
-        if not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"Invalid value for argument `num_workers`: expected a positive integer. Received: num_workers={num_workers!r}")
+        _checks.count("seed", seed)
+        _checks.count("num_workers", num_workers, low=1)
         if not isinstance(rank, int) or not 0 <= rank < num_workers:
             raise ValueError(f"Invalid value for argument `rank`: expected 0 <= rank < {num_workers}. Received: rank={rank!r}")
         self.structure = (x, y, sample_weight)

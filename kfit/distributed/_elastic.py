@@ -22,7 +22,7 @@ import numpy as np
 from horovod.common.elastic import State, run_fn
 from horovod.common.exceptions import HorovodInternalError
 
-from kfit import _backend
+from kfit import _backend, _checks
 from kfit._run import current_run
 from kfit.callbacks._base import KfitCallback
 from kfit.clock import Clock
@@ -105,11 +105,7 @@ class ElasticState(KfitCallback, State):
     order = 110  # after the checkpoint: a commit holds everything the step did
 
     def __init__(self, model: keras.Model, commit_frequency: int, name: str | None = None):
-        if isinstance(commit_frequency, bool) or not isinstance(commit_frequency, int) or commit_frequency < 1:
-            raise ValueError(
-                f"Invalid value for argument `commit_frequency`: expected a positive integer (samples). "
-                f"Received: commit_frequency={commit_frequency!r}"
-            )
+        _checks.count("commit_frequency", commit_frequency, low=1)  # samples
         KfitCallback.__init__(self, name=name)
         hvd = _horovod.plugin()
         # An explicit name: Horovod names the broadcast after the object's type by default, and a worker

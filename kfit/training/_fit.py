@@ -22,7 +22,7 @@ from kfit.clock import Clock
 from kfit.data._adapter import StreamAdapter, declared_batches, pack_batch
 from kfit.data._pydataset import PyDatasetStream
 from kfit.data._source import SourceAdapter, SourceDriver, batch_size_of
-from kfit.data._stream import SampleStream, dataset_length, flatten, is_streamable, pack
+from kfit.data._stream import SampleStream, dataset_length, flatten, is_streamable, pack, to_host
 from kfit.training import _plan
 from kfit.training._driver import PlanDriver
 from kfit.training._options import FitOptions, size_function
@@ -30,24 +30,8 @@ from kfit.training._progress_bar import ProgressBar
 from kfit.training._summaries import EpochSummaries
 
 
-def _to_host(structure: Any) -> Any:
-    """Backend tensors to NumPy; arrays and h5py datasets stay as they are (read lazily)."""
-    leaves = flatten(structure)
-    converted = []
-    for leaf in leaves:
-        if leaf is None or isinstance(leaf, np.ndarray) or type(leaf).__module__.startswith("h5py"):
-            converted.append(leaf)
-        elif keras.ops.is_tensor(leaf) or hasattr(leaf, "__array__"):
-            converted.append(keras.ops.convert_to_numpy(leaf))
-        else:
-            converted.append(leaf)
-    return pack(structure, converted)
-
-
 def _split_validation(x: Any, y: Any, sample_weight: Any, split: float) -> tuple:
     """Keras's ``validation_split``: the last ``split`` fraction of the arrays, before shuffling."""
-    if not 0.0 < split < 1.0:
-        raise ValueError(f"Invalid value for argument `validation_split`: expected a float in (0, 1). Received: validation_split={split!r}")
     n = dataset_length(x)
     cut = int(math.floor(n * (1.0 - split)))
     if cut == 0 or cut == n:
@@ -422,7 +406,7 @@ class _StreamFit:
             self.stream = PyDatasetStream(x, shuffle=bool(o.shuffle), seed=o.seed or 0,
                                           rank=distributed.rank(), num_workers=distributed.size())
         else:
-            x, y, sample_weight = _to_host(x), _to_host(y), _to_host(sample_weight)
+            x, y, sample_weight = to_host(x), to_host(y), to_host(sample_weight)
             if o.validation_split and validation_data is None:
                 (x, y, sample_weight), validation_data = _split_validation(x, y, sample_weight, o.validation_split)
             self.stream = SampleStream(x, y, sample_weight, shuffle=bool(o.shuffle), seed=o.seed or 0,
