@@ -68,9 +68,9 @@ def real(name: str, value: Any, *, low: float = -math.inf, high: float = math.in
         if low == -math.inf and high == math.inf:
             expected = "a finite number"
         elif high == math.inf:
-            expected = f"a finite number {'>=' if low_inclusive else '>'} {low}"
+            expected = f"a finite number {'>=' if low_inclusive else '>'} {low:g}"
         else:
-            expected = f"a number in {'[' if low_inclusive else '('}{low}, {high}{']' if high_inclusive else ')'}"
+            expected = f"a number in {'[' if low_inclusive else '('}{low:g}, {high:g}{']' if high_inclusive else ')'}"
         raise _fail(name, expected, value, allow_none)
     return number
 

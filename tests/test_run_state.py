@@ -116,7 +116,7 @@ BAD_ARGUMENTS = [
     ({"batch_size": -3}, r"`minibatch_size`: expected a positive integer. Received: minibatch_size=-3"),
     ({"minibatch_size": 8.0}, r"Received: minibatch_size=8.0"),
     ({"batch_size": 8, "minibatch_size": 16}, r"aliases; give one"),
-    ({"validation_split": -0.1}, r"`validation_split`: expected a number in \[0.0, 1.0\). Received: validation_split=-0.1"),
+    ({"validation_split": -0.1}, r"`validation_split`: expected a number in \[0, 1\). Received: validation_split=-0.1"),
     ({"validation_split": 1.0}, r"validation_split=1.0"),
     ({"epochs": 0}, r"`epochs`: expected a positive integer or None. Received: epochs=0"),
     ({"epochs": True}, r"Received: epochs=True"),

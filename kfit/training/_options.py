@@ -10,7 +10,7 @@ Example:
     >>> FitOptions.from_arguments(validation_split=-0.1)
     Traceback (most recent call last):
     ...
-    kfit._checks.InvalidArgumentError: Invalid value for argument `validation_split`: expected a number in [0.0, 1.0). Received: validation_split=-0.1
+    kfit._checks.InvalidArgumentError: Invalid value for argument `validation_split`: expected a number in [0, 1). Received: validation_split=-0.1
 """
 
 from __future__ import annotations
