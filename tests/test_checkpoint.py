@@ -189,8 +189,12 @@ def test_save_and_load_restore_everything(tmp_path):
         v.assign(keras.ops.zeros(v.shape, v.dtype))
     other_clock, other_stream = kfit.Clock(epoch_size=60), kfit.data.SampleStream(x, y, seed=0)
     callback, other_history = Stateful(None), keras.callbacks.History()
+    before = np.random.get_state()
+    kfit.load_checkpoint(tmp_path / "c.ckpt", model, clock=other_clock, stream=other_stream)
+    after = np.random.get_state()
+    assert before[0] == after[0] and np.array_equal(before[1], after[1])  # the process's RNG left alone by default
     info = kfit.load_checkpoint(tmp_path / "c.ckpt", model, clock=other_clock, stream=other_stream,
-                                callbacks=[callback], history=other_history)
+                                callbacks=[callback], history=other_history, random_state=True)
     assert info.samples == 130 and info.checksum_ok and info.optimizer == "MomentumSGD"
     for a, b in zip(saved, state(model), strict=True):
         assert np.array_equal(a, b)

@@ -139,6 +139,9 @@ def test_ctrl_c_during_an_async_write_lets_it_finish(tmp_path):
     options = {"checkpoint": {"frequency": 30}, "slow_write": 1.5, "epochs": 3}
     child = Child(["train", str(tmp_path), json.dumps(options)])
     child.wait_for(lambda e: e["event"] == "writing" and e["n"] == 2)
+    # The step whose write this is reports itself after the write has begun (the writer sleeps 1.5 s): wait for
+    # that line too, or a loaded machine can deliver Ctrl-C before the child has printed it.
+    child.wait_for(lambda e: e["event"] == "step" and e["samples"] >= 60)
     child.process.send_signal(signal.SIGINT)
     code = child.finish()
     steps = [e["samples"] for e in child.events if e["event"] == "step"]
