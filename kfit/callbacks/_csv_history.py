@@ -143,7 +143,7 @@ class CSVHistory(KfitCallback):
     def on_step_begin(self, clock: Clock) -> None:
         if not self._truncated and distributed.is_chief():
             self._truncate_to(clock.samples)
-        self._scheduled.observe_size(clock, self.training_model)
+        self._scheduled.observe_size(clock, self.training_run.max_samples)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self.write_row("epoch", dict(logs or {}))
@@ -155,4 +155,4 @@ class CSVHistory(KfitCallback):
         self.write_row("test", dict(logs))
 
     def on_hyperparameter_change(self, name: str, value: float, scheduled: float, unit: str) -> None:
-        self._scheduled.observe(name, value, self.clock, self.training_model)
+        self._scheduled.observe(name, value, self.clock, self.training_run.max_samples)

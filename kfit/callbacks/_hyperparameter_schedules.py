@@ -6,6 +6,7 @@ from typing import Any
 
 from kfit import _backend
 from kfit.callbacks._base import KfitCallback
+from kfit.callbacks._running_means import is_cut
 from kfit.clock import Clock
 
 
@@ -21,14 +22,6 @@ def _as_hyperparameter_schedule(schedule: Any, kind: str, default_factory: Any, 
         return schedule
     # A bare value, list or callable keeps the plain Keras meaning (per minibatch).
     return default_factory(schedule)
-
-
-def _is_cut(clock: Clock, previous_size: int | None, model: Any) -> bool:
-    """Whether the minibatch about to be trained is shortened to end an epoch (or the run)."""
-    from kfit._run import current_run
-    from kfit.callbacks._running_means import is_cut
-
-    return is_cut(clock, clock.minibatch_size, previous_size, getattr(current_run(model), "max_samples", None))
 
 
 class _HyperparameterSchedule(KfitCallback):
@@ -109,7 +102,7 @@ class _HyperparameterSchedule(KfitCallback):
         if value != self._applied:
             _backend.set_variable(self._model, self._variable, value)
             self._applied = value
-        if self._logged is None or not _is_cut(clock, self._logged_size, self._model):
+        if self._logged is None or not is_cut(clock, clock.minibatch_size, self._logged_size, self.training_run.max_samples):
             self._logged, self._logged_size = value, clock.minibatch_size
         scheduled = float(schedule.value(samples, minibatches))
         if (value, scheduled) != self._published:

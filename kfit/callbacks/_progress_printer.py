@@ -191,7 +191,7 @@ class ProgressPrinter(KfitCallback):
         self._steps += 1
         if self._steps == 2:  # the run's first step, which compiled the train step, has returned
             self._first_step = (time.perf_counter(), clock.samples)
-        if self._scheduled.observe_size(clock, self.training_model):
+        if self._scheduled.observe_size(clock, self.training_run.max_samples):
             self.log(f"Minibatch size: {clock.minibatch_size}")
 
     def on_step_end(self, clock: Clock, logs: dict | None) -> None:
@@ -243,7 +243,7 @@ class ProgressPrinter(KfitCallback):
         self._evaluation("test_", logs, "Finished Test")
 
     def on_hyperparameter_change(self, name: str, value: float, scheduled: float, unit: str) -> None:
-        if self._scheduled.is_cut_step(self.clock, self.training_model):
+        if self._scheduled.is_cut_step(self.clock, self.training_run.max_samples):
             return
         line = hyperparameter_line(name, value, scheduled, unit)
         if self._shown.get(name) != line:

@@ -181,25 +181,23 @@ class ScheduledValues:
         self.size = None
         self.values = {}
 
-    def is_cut_step(self, clock: Clock, model: Any) -> bool:
+    def is_cut_step(self, clock: Clock, max_samples: int | None) -> bool:
         """True when the minibatch about to be trained is shortened to end an epoch (or the run)."""
-        from kfit._run import current_run
-
-        run = current_run(model) if model is not None else None
         size = clock.minibatch_size
-        return size is not None and is_cut(clock, size, self.size, getattr(run, "max_samples", None))
+        return size is not None and is_cut(clock, size, self.size, max_samples)
 
-    def observe_size(self, clock: Clock, model: Any) -> bool:
-        """Notes the size of the minibatch about to be trained; True when the scheduled size changed."""
+    def observe_size(self, clock: Clock, max_samples: int | None) -> bool:
+        """Notes the size of the minibatch about to be trained; True when the scheduled size changed (a minibatch
+        cut short at the epoch end or at the run's ``max_samples`` is no change)."""
         size = clock.minibatch_size
-        if size is None or size == self.size or self.is_cut_step(clock, model):
+        if size is None or size == self.size or self.is_cut_step(clock, max_samples):
             return False
         self.size = size
         return True
 
-    def observe(self, name: str, value: float, clock: Clock, model: Any) -> bool:
+    def observe(self, name: str, value: float, clock: Clock, max_samples: int | None) -> bool:
         """Notes a hyperparameter change; True when it is a change of the scheduled value."""
-        if self.values.get(name) == value or self.is_cut_step(clock, model):
+        if self.values.get(name) == value or self.is_cut_step(clock, max_samples):
             return False
         self.values[name] = float(value)
         return True

@@ -207,7 +207,7 @@ class TensorBoardProgressWriter(KfitCallback):
 
     def on_step_begin(self, clock: Clock) -> None:
         self._mark_start(clock)
-        if self._scheduled.observe_size(clock, self.training_model):
+        if self._scheduled.observe_size(clock, self.training_run.max_samples):
             self.write_value("minibatch_size", clock.minibatch_size, clock.samples)
 
     def on_step_end(self, clock: Clock, logs: dict | None) -> None:
@@ -243,7 +243,7 @@ class TensorBoardProgressWriter(KfitCallback):
 
     def on_hyperparameter_change(self, name: str, value: float, scheduled: float, unit: str) -> None:
         clock = self.clock
-        if self._scheduled.observe(name, value, clock, self.training_model):
+        if self._scheduled.observe(name, value, clock, self.training_run.max_samples):
             self.write_value(name, value, clock.samples)
 
     def on_train_end(self, logs: dict | None = None) -> None:
