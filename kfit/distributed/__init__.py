@@ -37,45 +37,66 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from kfit.distributed import _horovod
+from kfit.distributed import _select
 from kfit.distributed._optimizer import Average, Compression, DistributedOptimizer, Sum, is_distributed
 
 
 def init() -> None:
-    """Initializes Horovod when this process runs under ``horovodrun``; does nothing otherwise.
+    """Starts this process's engine: Horovod under ``horovodrun``, the native one under ``torchrun``.
 
-    Calling it is optional (kfit initializes Horovod on first use), but a Horovod script calls
-    ``hvd.init()`` first, and the ported one may keep the call.
+    Calling it is optional (kfit starts the engine on first use), but a Horovod script calls ``hvd.init()``
+    first, and the ported one may keep the call. On a CUDA machine under the native PyTorch engine, call it
+    before building the model: it makes ``cuda:LOCAL_RANK`` this process's GPU. Without a launcher (and
+    with ``KFIT_ENGINE=none``) it does nothing.
 
     Raises:
-        ImportError: under ``horovodrun`` without Horovod installed (run ``bash scripts/install_horovod.sh``).
+        ImportError: the chosen engine is not installed (Horovod: run ``bash scripts/install_horovod.sh``).
+        ValueError: a bad ``KFIT_ENGINE`` or launcher environment, or the native engine on TensorFlow (the
+            message says which variable and how to fix it).
     """
-    if _horovod.launched():
-        _horovod.plugin()
+    _select.current()
 
 
-def _active() -> bool:
-    return _horovod.initialized() or _horovod.launched()
+def engine() -> str:
+    """The engine of this process: ``"horovod"``, ``"native"`` or ``"none"`` (one worker).
+
+    Chosen from ``KFIT_ENGINE`` (``horovod``, ``native`` or ``none``) when set, else from the launcher:
+    ``horovodrun`` (or ``mpirun``) selects Horovod, ``torchrun``'s environment (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``) the backend's native engine, no launcher ``"none"``.
+
+    Raises:
+        ValueError: ``KFIT_ENGINE`` holds another value (the message names it).
+
+    Example:
+        >>> import kfit
+        >>> kfit.distributed.engine()
+        'none'
+    """
+    return _select.chosen()
 
 
 def rank() -> int:
-    """This worker's rank, 0 to ``size() - 1`` (0 without ``horovodrun``)."""
-    return int(_horovod.plugin().rank()) if _active() else 0
+    """This worker's rank, 0 to ``size() - 1`` (0 without a launcher)."""
+    current = _select.current()
+    return current.rank() if current is not None else 0
 
 
 def size() -> int:
-    """The number of workers (1 without ``horovodrun``)."""
-    return int(_horovod.plugin().size()) if _active() else 1
+    """The number of workers (1 without a launcher)."""
+    current = _select.current()
+    return current.size() if current is not None else 1
 
 
 def local_rank() -> int:
-    """This worker's rank among the workers of its machine (0 without ``horovodrun``)."""
-    return int(_horovod.plugin().local_rank()) if _active() else 0
+    """This worker's rank among the workers of its machine (0 without a launcher)."""
+    current = _select.current()
+    return current.local_rank() if current is not None else 0
 
 
 def local_size() -> int:
-    """The number of workers on this machine (1 without ``horovodrun``)."""
-    return int(_horovod.plugin().local_size()) if _active() else 1
+    """The number of workers on this machine (1 without a launcher)."""
+    current = _select.current()
+    return current.local_size() if current is not None else 1
 
 
 def is_chief() -> bool:
@@ -86,7 +107,7 @@ def is_chief() -> bool:
 def any_true(flag: bool) -> bool:
     """True on every worker when ``flag`` is True on any worker.
 
-    One allreduce of one integer under Horovod (every worker must call it); ``bool(flag)`` for one worker.
+    One allreduce of one integer over the engine (every worker must call it); ``bool(flag)`` for one worker.
     ``kfit.fit`` calls it after every step with ``model.stop_training``, so that a stop decided on one
     worker (cross-validation, early stopping, a user's callback) ends training on all of them after the
     same step, and no worker is left waiting in an allreduce alone.
@@ -190,6 +211,7 @@ __all__ = [
     "average_metrics",
     "broadcast_training_state",
     "elastic",
+    "engine",
     "init",
     "is_chief",
     "is_distributed",

@@ -27,7 +27,7 @@ from typing import Any
 
 import keras
 
-from kfit.distributed import _horovod
+from kfit.distributed import _select
 
 
 class Compression:
@@ -101,7 +101,7 @@ def reduce_gradients(grads: list, options: _Options) -> list:
         if weighted and k == len(groups) - 1:
             tensors.append(ops.reshape(ops.cast(count, "float32"), (1,)))
         name = options.name if len(groups) == 1 else f"{options.name}.{k}"
-        out = _horovod.step_sum(tensors, name, average=average)
+        out = _select.current().step_sum(tensors, name, average=average)
         if weighted and k == len(groups) - 1:
             total = out.pop()
         for i, value in zip(group, out):
@@ -117,7 +117,7 @@ def reduce_gradients(grads: list, options: _Options) -> list:
 
 def _dense(gradient: Any) -> Any:
     # TensorFlow gives tf.IndexedSlices for embedding lookups; the allreduce sums dense tensors.
-    if _horovod.BACKEND == "tensorflow":
+    if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
         if isinstance(gradient, tf.IndexedSlices):
@@ -138,7 +138,7 @@ class _DistributedMixin:
         from kfit import distributed
 
         if distributed.size() > 1 and len(grads) > 0:
-            _horovod.check_step_compilable()
+            _select.current().check_step_compilable()
             grads = reduce_gradients(list(grads), self._kfit_horovod_options)
         return super().apply(grads, trainable_variables)
 
@@ -253,6 +253,6 @@ def prepare_model(model: keras.Model) -> None:
         DistributedOptimizer(model.optimizer)
     if not getattr(model.train_step, "_kfit_counts_samples", False):
         object.__setattr__(model, "train_step", _count_samples(model.train_step))
-    if _horovod.BACKEND in ("tensorflow", "torch") and model.jit_compile:
+    if keras.backend.backend() in ("tensorflow", "torch") and model.jit_compile:
         model.jit_compile = False
     model.train_function = None
