@@ -15,7 +15,9 @@ collective at once: the job ends instead of hanging.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -71,7 +73,8 @@ class TorchEngine(Engine):
         out = []
         for array in arrays:
             tensor = torch.from_numpy(np.array(array, copy=True, order="C"))
-            self._dist.all_reduce(tensor, op=self._dist.ReduceOp.SUM)
+            with self._failures(name):
+                self._dist.all_reduce(tensor, op=self._dist.ReduceOp.SUM)
             out.append(tensor.numpy())
         return out
 
@@ -79,7 +82,8 @@ class TorchEngine(Engine):
         import torch
 
         tensor = torch.from_numpy(np.array(array, copy=True, order="C"))
-        self._dist.broadcast(tensor, src=root_rank)
+        with self._failures(name):
+            self._dist.broadcast(tensor, src=root_rank)
         return tensor.numpy()
 
     def step_sum(self, tensors: list, name: str, average: bool = False) -> list:
@@ -93,7 +97,8 @@ class TorchEngine(Engine):
         for indices in groups.values():
             parts = [tensors[i].detach().reshape(-1) for i in indices]
             flat = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
-            self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM)
+            with self._failures(name):
+                self._dist.all_reduce(flat, op=self._dist.ReduceOp.SUM)
             if average:
                 flat = flat / self._env.size
             offset = 0
@@ -102,6 +107,23 @@ class TorchEngine(Engine):
                 out[i] = flat[offset : offset + n].view(tensors[i].shape)
                 offset += n
         return out
+
+    @contextlib.contextmanager
+    def _failures(self, name: str) -> Iterator[None]:
+        """Says which collective failed on which worker, and what it usually means, around the engine's error."""
+        try:
+            yield
+        except RuntimeError as error:
+            raise WorkerLostError(
+                f"kfit.distributed: the collective {name!r} failed on rank {self._env.rank} of {self._env.size} "
+                f"(native engine, torch.distributed): another worker died, or did not answer within "
+                f"{_launch.TIMEOUT_VARIABLE}={_launch.timeout_seconds():g} seconds. Check the other workers' logs; "
+                f"rerun with a kfit.callbacks.Checkpoint(restore=True) to resume. ({error})"
+            ) from error
+
+
+class WorkerLostError(RuntimeError):
+    """A collective of the native engine failed: a peer died, hung past the timeout, or its connection broke."""
 
 
 def _shutdown() -> None:
