@@ -40,7 +40,7 @@ import common  # noqa: E402
 import test_distributed as horovod_checks  # noqa: E402  (the Horovod tests' checks, reused on the same outputs)
 
 #: Backends with a native engine in kfit (JAX: see the README's engine table).
-NATIVE_BACKENDS = ("torch",)
+NATIVE_BACKENDS = ("torch", "jax")
 native_only = pytest.mark.skipif(
     BACKEND not in NATIVE_BACKENDS,
     reason=f"kfit's native engine covers the {', '.join(NATIVE_BACKENDS)} backend(s); {BACKEND} has Horovod only",
@@ -139,7 +139,7 @@ def jobs(tmp_path_factory) -> dict:
 def test_torchrun_selects_the_native_engine_and_its_collectives_agree(jobs):
     infos = [common.load(str(jobs["out"] / f"engine.rank{r}"))[1] for r in (0, 1)]
     for rank, info in enumerate(infos):
-        assert info["engine"] == "native" and info["class"] == "TorchEngine"
+        assert info["engine"] == "native" and info["class"] == {"torch": "TorchEngine", "jax": "JaxEngine"}[BACKEND]
         assert (info["rank"], info["size"], info["local_rank"], info["local_size"]) == (rank, 2, rank, 2)
         assert info["is_chief"] is (rank == 0)
         assert info["sum_int"] == [3] and info["sum_float"] == [[1.5] * 3] * 2
