@@ -22,6 +22,13 @@ from typing import Any
 import numpy as np
 
 
+class WorkerLostError(RuntimeError):
+    """A collective of a native engine failed: a peer died, hung past the timeout, or its connection broke.
+
+    The message names the collective, this worker's rank and the timeout (``KFIT_COLLECTIVE_TIMEOUT``).
+    """
+
+
 class Engine(abc.ABC):
     """One process's handle on a started collective-communication engine."""
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from kfit.distributed import _launch
-from kfit.distributed._engine import Engine
+from kfit.distributed._engine import Engine, WorkerLostError
 
 
 class TorchEngine(Engine):
@@ -120,10 +120,6 @@ class TorchEngine(Engine):
                 f"{_launch.TIMEOUT_VARIABLE}={_launch.timeout_seconds():g} seconds. Check the other workers' logs; "
                 f"rerun with a kfit.callbacks.Checkpoint(restore=True) to resume. ({error})"
             ) from error
-
-
-class WorkerLostError(RuntimeError):
-    """A collective of the native engine failed: a peer died, hung past the timeout, or its connection broke."""
 
 
 def _shutdown() -> None:
