@@ -310,3 +310,13 @@ def test_the_native_engine_on_tensorflow_says_horovod_is_its_engine():
                                       MASTER_PORT=str(_free_port()))
     assert result.returncode != 0
     assert "Horovod is the TensorFlow engine" in result.stderr and "KFIT_ENGINE='native'" in result.stderr
+
+
+def test_horovods_elastic_mode_is_refused_under_the_native_engine():
+    script = ("import keras, kfit.distributed as d\n"
+              "m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]); m.compile(optimizer='sgd', loss='mse')\n"
+              "d.ElasticState(m, commit_frequency=10)\n")
+    result = subprocess.run([sys.executable, "-c", script], env=_environment(RANK="0", WORLD_SIZE="2"),
+                            capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    assert result.returncode != 0
+    assert "elastic mode" in result.stderr and "needs the Horovod engine" in result.stderr, result.stderr[-3000:]

@@ -25,8 +25,19 @@ from horovod.common.exceptions import HorovodInternalError
 from kfit import _backend
 from kfit.callbacks._base import KfitCallback
 from kfit.clock import Clock
-from kfit.distributed import _horovod, _state
+from kfit.distributed import _horovod, _select, _state
 from kfit.training._context import get_context
+
+
+def _check_engine() -> None:
+    """Elastic mode is Horovod's: refused under another engine (the native one has no elastic mode)."""
+    if _select.chosen() == "native":
+        raise ValueError(
+            "Horovod's elastic mode (kfit.distributed.ElasticState, @kfit.distributed.elastic.run) needs the Horovod "
+            "engine, but this process runs the native engine (torchrun's environment or KFIT_ENGINE=native). Launch "
+            "with `horovodrun --min-np ... --host-discovery-script ...`, or resume from a kfit.callbacks.Checkpoint "
+            "after a restart instead."
+        )
 
 
 def _is_horovod_failure(error: BaseException) -> bool:
@@ -50,6 +61,8 @@ def run(func: Any) -> Any:
 
         train(kfit.distributed.ElasticState(model, commit_frequency=10_000))
     """
+
+    _check_engine()
 
     @functools.wraps(func)
     def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
@@ -110,6 +123,7 @@ class ElasticState(KfitCallback, State):
                 f"Invalid value for argument `commit_frequency`: expected a positive integer (samples). "
                 f"Received: commit_frequency={commit_frequency!r}"
             )
+        _check_engine()
         KfitCallback.__init__(self, name=name)
         hvd = _horovod.plugin()
         # An explicit name: Horovod names the broadcast after the object's type by default, and a worker
