@@ -8,7 +8,8 @@ The native tests launch real workers on loopback, with the backend of this pytes
 * ``engine_scripts/scenarios.py`` under ``python -m torch.distributed.run --standalone --nproc_per_node 2``:
   the engine's own collectives, then the Horovod scenarios unchanged (data-parallel ``kfit.fit``, stops,
   plain ``model.fit`` with Horovod's API, resuming the killed run on two workers, the Horovod example);
-* ``engine_scripts/resume_alone.py``: the killed run's checkpoint (written by two workers) resumed by one.
+* ``engine_scripts/resume.py``: the killed run's checkpoint (written by two workers) resumed by one worker, and
+  under torchrun, the checkpoint that one worker wrote (``engine_scripts/partial.py``) resumed by two.
 
 Results are checked against single-process references computed here, as in tests/test_distributed.py.
 """
@@ -126,12 +127,20 @@ def jobs(tmp_path_factory) -> dict:
     if rc != 0:
         pytest.fail(f"engine_scripts/scenarios.py failed under torchrun (exit {rc}):\n{output[-6000:]}")
     # 4. One worker resumes the two workers' checkpoint.
-    alone = subprocess.run([sys.executable, str(SCRIPTS / "resume_alone.py"), str(out / "resume_alone" / "model.ckpt"),
-                            str(out / "resume_alone_result")], env=_environment(), capture_output=True, text=True,
-                           timeout=JOB_TIMEOUT)
-    if alone.returncode != 0:
-        pytest.fail(f"resume_alone.py failed (exit {alone.returncode}):\n{(alone.stdout + alone.stderr)[-6000:]}")
+    _one_worker(SCRIPTS / "resume.py", str(out / "resume_alone" / "model.ckpt"), str(out / "resume_alone_result"))
+    # 5. One worker trains half the run; two workers resume its checkpoint under torchrun.
+    _one_worker(SCRIPTS / "partial.py", str(out / "partial" / "model.ckpt"))
+    rc, output = _torchrun(SCRIPTS / "resume.py", str(out / "partial" / "model.ckpt"), str(out / "resume_two_result"))
+    if rc != 0:
+        pytest.fail(f"engine_scripts/resume.py failed under torchrun (exit {rc}):\n{output[-6000:]}")
     return {"out": out, "killed": (killed, logs)}
+
+
+def _one_worker(script: Path, *args: str) -> None:
+    done = subprocess.run([sys.executable, str(script), *args], env=_environment(), capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT)
+    if done.returncode != 0:
+        pytest.fail(f"{script.name} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-6000:]}")
 
 
 # -- the engine ------------------------------------------------------------------------------------------
@@ -218,22 +227,41 @@ def test_kill_and_resume_on_two_workers_ends_bit_identical_to_an_uninterrupted_r
     horovod_checks.test_kill_and_resume_ends_bit_identical_to_an_uninterrupted_run(jobs)
 
 
-@native_only
-def test_a_checkpoint_of_two_workers_resumes_on_one_to_the_uninterrupted_result(jobs):
-    arrays, info = common.load(str(jobs["out"] / "resume_alone_result"))
+def _uninterrupted_resume_run() -> list[np.ndarray]:
     r = common.RESUME
-    assert info["engine"] == "none"
-    assert info["restored_samples"] == r["frequency"]
-    assert info["samples"] == r["max_samples"]
     x, y = common.data(r["num_samples"], seed=4)
     reference = common.resume_model()
     kfit.fit(reference, x, y, minibatch_size=r["minibatch_size"], max_samples=r["max_samples"], seed=r["seed"],
              verbose=0)
-    for i, w in enumerate(common.weights(reference)):
+    return common.weights(reference)
+
+
+@native_only
+def test_a_checkpoint_of_two_workers_resumes_on_one_to_the_uninterrupted_result(jobs):
+    arrays, info = common.load(str(jobs["out"] / "resume_alone_result.rank0"))
+    r = common.RESUME
+    assert (info["engine"], info["size"]) == ("none", 1)
+    assert info["restored_samples"] == r["frequency"]  # the two workers' last checkpoint before the kill
+    assert info["samples"] == r["max_samples"]
+    for i, w in enumerate(_uninterrupted_resume_run()):
         np.testing.assert_allclose(arrays[f"w{i}"], w, atol=1e-6, rtol=0)
     (two, _), _ = horovod_checks._results(jobs, "resume")
-    for i in range(len(common.weights(reference))):
+    for i in range(sum(1 for k in arrays if k.startswith("w"))):  # and to the uninterrupted run on two workers
         np.testing.assert_allclose(arrays[f"w{i}"], two[f"fresh_w{i}"], atol=1e-6, rtol=0)
+
+
+@native_only
+def test_a_checkpoint_of_one_worker_resumes_on_two_to_the_uninterrupted_result(jobs):
+    (a0, i0), (a1, i1) = [common.load(str(jobs["out"] / f"resume_two_result.rank{r}")) for r in (0, 1)]
+    r = common.RESUME
+    for info in (i0, i1):
+        assert (info["engine"], info["size"]) == ("native", 2)
+        assert info["restored_samples"] == 80  # where the one worker stopped (partial.py)
+        assert info["samples"] == r["max_samples"]
+    for key in a0:
+        np.testing.assert_array_equal(a0[key], a1[key], err_msg=key)
+    for i, w in enumerate(_uninterrupted_resume_run()):
+        np.testing.assert_allclose(a0[f"w{i}"], w, atol=1e-6, rtol=0)
 
 
 # -- choosing an engine (every backend) ----------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""One process (no launcher) resumes the checkpoint that two workers wrote (tests/test_engines.py).
+"""Resumes the run of ``common.RESUME`` from a checkpoint, on however many workers it is launched as.
 
-    python tests/engine_scripts/resume_alone.py CHECKPOINT OUT_PREFIX
+    python tests/engine_scripts/resume.py CHECKPOINT OUT_PREFIX                       # one worker
+    torchrun --standalone --nproc_per_node 2 tests/engine_scripts/resume.py CHECKPOINT OUT_PREFIX
 
-The run of ``tests/horovod_scripts/killed.py`` (scenario ``resume`` of ``common.RESUME``) is resumed on one
-worker from ``CHECKPOINT``; its weights, optimizer variables, clock and restored sample count are written to
-``OUT_PREFIX.{npz,json}``.
+``tests/test_engines.py`` resumes on one worker the checkpoint that two workers wrote (``killed.py``), and on
+two workers the one that one worker wrote (``partial.py``). Each worker writes its weights, optimizer
+variables, clock and the restored sample count to ``OUT_PREFIX.rank<r>.{npz,json}``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import numpy as np  # noqa: E402
 import kfit  # noqa: E402
 
 checkpoint_path, out = sys.argv[1], sys.argv[2]
-assert kfit.distributed.size() == 1, "resume_alone.py runs as one worker, without a launcher"
 r = common.RESUME
 x, y = common.data(r["num_samples"], seed=4)
 net = common.resume_model()
@@ -30,5 +30,9 @@ kfit.fit(net, x, y, minibatch_size=r["minibatch_size"], max_samples=r["max_sampl
          callbacks=[checkpoint])
 arrays = {f"w{i}": w for i, w in enumerate(common.weights(net))}
 arrays.update({f"opt{i}": np.asarray(keras.ops.convert_to_numpy(v.value)) for i, v in enumerate(net.optimizer.variables)})
-common.save(out, arrays, {"restored_samples": getattr(checkpoint.restored_from, "samples", None),
-                          "samples": kfit.get_clock(net).samples, "engine": kfit.distributed.engine()})
+common.save(f"{out}.rank{kfit.distributed.rank()}", arrays, {
+    "restored_samples": getattr(checkpoint.restored_from, "samples", None),
+    "samples": kfit.get_clock(net).samples,
+    "engine": kfit.distributed.engine(),
+    "size": kfit.distributed.size(),
+})
