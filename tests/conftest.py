@@ -32,7 +32,7 @@ except ImportError:
     pass
 
 # Scripts that tests run in subprocesses (under horovodrun, or to be killed): not test modules.
-collect_ignore_glob = ["scripts/*", "horovod_scripts/*"]
+collect_ignore_glob = ["scripts/*", "horovod_scripts/*", "engine_scripts/*"]
 # Tests about one backend are collected only in that backend's run.
 collect_ignore = []
 if BACKEND != "tensorflow":

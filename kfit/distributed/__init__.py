@@ -1,33 +1,45 @@
-"""Data-parallel training over Horovod, on TensorFlow, JAX and PyTorch.
+"""Data-parallel training on TensorFlow, JAX and PyTorch, over Horovod or the backend's native engine.
 
-Run the same script as several workers with ``horovodrun``::
+Run the same script as several workers with a launcher::
 
-    horovodrun -np 2 -H localhost:2 python train.py              # one machine, two workers
-    horovodrun -np 8 -H host1:4,host2:4 python train.py          # two machines, four workers each
+    horovodrun -np 2 -H localhost:2 python train.py              # Horovod, one machine, two workers
+    horovodrun -np 8 -H host1:4,host2:4 python train.py          # Horovod, two machines, four workers each
+    torchrun --standalone --nproc_per_node 2 train.py            # native engine (PyTorch, JAX backends)
 
 and :func:`kfit.fit` trains data-parallel: each worker reads its own share of every global minibatch,
-the gradients are averaged with Horovod's allreduce in every step, rank 0's initial state is broadcast,
-the epoch metrics are averaged (weighted by samples), only rank 0 writes files, and a stop decided on
-any worker ends training on all of them after the same step. Without ``horovodrun`` the same script is
-one worker (``rank() == 0``, ``size() == 1``) and Horovod is not imported.
+the gradients are averaged in every step, rank 0's initial state is broadcast, the epoch metrics are
+averaged (weighted by samples), only rank 0 writes files, and a stop decided on any worker ends training
+on all of them after the same step. Without a launcher the same script is one worker (``rank() == 0``,
+``size() == 1``) and no engine is imported.
+
+Engines (see :func:`engine`): ``horovodrun`` (or ``mpirun``) selects Horovod (every backend); ``torchrun``'s
+environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, also set by SLURM-style wrappers)
+selects the native engine: ``torch.distributed`` (Gloo on CPU, NCCL for CUDA tensors) on PyTorch, and on
+JAX ``torch.distributed`` through the host (the gradients leave the jitted step by ``io_callback``, as with
+Horovod). TensorFlow has no native engine: Horovod is its engine. ``KFIT_ENGINE=horovod|native|none``
+overrides the launcher's choice.
 
 For plain ``model.fit``, this module ports Horovod's Keras API to Keras 3 under the same names:
 :func:`DistributedOptimizer`, :class:`BroadcastGlobalVariablesCallback`, :class:`MetricAverageCallback`,
 :class:`LearningRateWarmupCallback`, so a Horovod-Keras script ports by changing its imports
-(``import kfit.distributed as hvd``). Horovod's elastic mode: :class:`ElasticState` and ``@elastic.run``.
+(``import kfit.distributed as hvd``), and runs under either engine. Horovod's elastic mode (Horovod only):
+:class:`ElasticState` and ``@elastic.run``.
 
 Failures. When a worker dies, ``horovodrun`` ends the job: on one machine it sees the process exit and
 terminates the others at once ("Horovod detected that one or more processes exited with non-zero status
 ... Process name: 1, Exit code: 137"); across machines the others' next collective fails as the dead
 peer's connections close. A worker that hangs without dying is detected by Gloo's timeout,
-``HOROVOD_GLOO_TIMEOUT_SECONDS`` (30 s by default), after which the job fails the same way. Run the same
-command again with a ``kfit.callbacks.Checkpoint`` (``restore=True``) to resume from the last checkpoint;
+``HOROVOD_GLOO_TIMEOUT_SECONDS`` (30 s by default), after which the job fails the same way. Under the native
+engine, the others' next collective fails at once when a peer dies (``WorkerLostError``, which names the
+collective and the rank; ``torchrun`` also stops the remaining workers), and a hung peer fails it after
+``KFIT_COLLECTIVE_TIMEOUT`` seconds (120 by default). Run the same command again with a
+``kfit.callbacks.Checkpoint`` (``restore=True``) to resume from the last checkpoint, on any number of workers;
 its path must be readable by every worker (a shared file system), as every worker restores from it (rank 0's
 variables, clock and stream position are then broadcast, so they agree in any case).
 
 Example:
     >>> import kfit
-    >>> kfit.distributed.init()          # optional: kfit initializes Horovod when it first needs it
+    >>> kfit.distributed.init()          # optional: kfit starts the engine when it first needs it
     >>> kfit.distributed.rank(), kfit.distributed.size(), kfit.distributed.is_chief()
     (0, 1, True)
 """
@@ -37,45 +49,67 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from kfit.distributed import _horovod
+from kfit.distributed import _select
+from kfit.distributed._engine import WorkerLostError
 from kfit.distributed._optimizer import Average, Compression, DistributedOptimizer, Sum, is_distributed
 
 
 def init() -> None:
-    """Initializes Horovod when this process runs under ``horovodrun``; does nothing otherwise.
+    """Starts this process's engine: Horovod under ``horovodrun``, the native one under ``torchrun``.
 
-    Calling it is optional (kfit initializes Horovod on first use), but a Horovod script calls
-    ``hvd.init()`` first, and the ported one may keep the call.
+    Calling it is optional (kfit starts the engine on first use), but a Horovod script calls ``hvd.init()``
+    first, and the ported one may keep the call. On a CUDA machine under the native PyTorch engine, call it
+    before building the model: it makes ``cuda:LOCAL_RANK`` this process's GPU. Without a launcher (and
+    with ``KFIT_ENGINE=none``) it does nothing.
 
     Raises:
-        ImportError: under ``horovodrun`` without Horovod installed (run ``bash scripts/install_horovod.sh``).
+        ImportError: the chosen engine is not installed (Horovod: run ``bash scripts/install_horovod.sh``).
+        ValueError: a bad ``KFIT_ENGINE`` or launcher environment, or the native engine on TensorFlow (the
+            message says which variable and how to fix it).
     """
-    if _horovod.launched():
-        _horovod.plugin()
+    _select.current()
 
 
-def _active() -> bool:
-    return _horovod.initialized() or _horovod.launched()
+def engine() -> str:
+    """The engine of this process: ``"horovod"``, ``"native"`` or ``"none"`` (one worker).
+
+    Chosen from ``KFIT_ENGINE`` (``horovod``, ``native`` or ``none``) when set, else from the launcher:
+    ``horovodrun`` (or ``mpirun``) selects Horovod, ``torchrun``'s environment (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``) the backend's native engine, no launcher ``"none"``.
+
+    Raises:
+        ValueError: ``KFIT_ENGINE`` holds another value (the message names it).
+
+    Example:
+        >>> import kfit
+        >>> kfit.distributed.engine()
+        'none'
+    """
+    return _select.chosen()
 
 
 def rank() -> int:
-    """This worker's rank, 0 to ``size() - 1`` (0 without ``horovodrun``)."""
-    return int(_horovod.plugin().rank()) if _active() else 0
+    """This worker's rank, 0 to ``size() - 1`` (0 without a launcher)."""
+    current = _select.current()
+    return current.rank() if current is not None else 0
 
 
 def size() -> int:
-    """The number of workers (1 without ``horovodrun``)."""
-    return int(_horovod.plugin().size()) if _active() else 1
+    """The number of workers (1 without a launcher)."""
+    current = _select.current()
+    return current.size() if current is not None else 1
 
 
 def local_rank() -> int:
-    """This worker's rank among the workers of its machine (0 without ``horovodrun``)."""
-    return int(_horovod.plugin().local_rank()) if _active() else 0
+    """This worker's rank among the workers of its machine (0 without a launcher)."""
+    current = _select.current()
+    return current.local_rank() if current is not None else 0
 
 
 def local_size() -> int:
-    """The number of workers on this machine (1 without ``horovodrun``)."""
-    return int(_horovod.plugin().local_size()) if _active() else 1
+    """The number of workers on this machine (1 without a launcher)."""
+    current = _select.current()
+    return current.local_size() if current is not None else 1
 
 
 def is_chief() -> bool:
@@ -86,7 +120,7 @@ def is_chief() -> bool:
 def any_true(flag: bool) -> bool:
     """True on every worker when ``flag`` is True on any worker.
 
-    One allreduce of one integer under Horovod (every worker must call it); ``bool(flag)`` for one worker.
+    One allreduce of one integer over the engine (every worker must call it); ``bool(flag)`` for one worker.
     ``kfit.fit`` calls it after every step with ``model.stop_training``, so that a stop decided on one
     worker (cross-validation, early stopping, a user's callback) ends training on all of them after the
     same step, and no worker is left waiting in an allreduce alone.
@@ -186,10 +220,12 @@ __all__ = [
     "LearningRateWarmupCallback",
     "MetricAverageCallback",
     "Sum",
+    "WorkerLostError",
     "any_true",
     "average_metrics",
     "broadcast_training_state",
     "elastic",
+    "engine",
     "init",
     "is_chief",
     "is_distributed",

@@ -26,7 +26,18 @@ from kfit import _backend, _checks
 from kfit._run import current_run
 from kfit.callbacks._base import KfitCallback
 from kfit.clock import Clock
-from kfit.distributed import _horovod, _state
+from kfit.distributed import _horovod, _select, _state
+
+
+def _check_engine() -> None:
+    """Elastic mode is Horovod's: refused under another engine (the native one has no elastic mode)."""
+    if _select.chosen() == "native":
+        raise ValueError(
+            "Horovod's elastic mode (kfit.distributed.ElasticState, @kfit.distributed.elastic.run) needs the Horovod "
+            "engine, but this process runs the native engine (torchrun's environment or KFIT_ENGINE=native). Launch "
+            "with `horovodrun --min-np ... --host-discovery-script ...`, or resume from a kfit.callbacks.Checkpoint "
+            "after a restart instead."
+        )
 
 
 def _is_horovod_failure(error: BaseException) -> bool:
@@ -50,6 +61,8 @@ def run(func: Any) -> Any:
 
         train(kfit.distributed.ElasticState(model, commit_frequency=10_000))
     """
+
+    _check_engine()
 
     @functools.wraps(func)
     def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
@@ -106,6 +119,7 @@ class ElasticState(KfitCallback, State):
 
     def __init__(self, model: keras.Model, commit_frequency: int, name: str | None = None):
         _checks.count("commit_frequency", commit_frequency, low=1)  # samples
+        _check_engine()
         KfitCallback.__init__(self, name=name)
         hvd = _horovod.plugin()
         # An explicit name: Horovod names the broadcast after the object's type by default, and a worker

@@ -16,7 +16,6 @@ outside ``horovodrun``: :func:`launched` reads the environment that ``horovodrun
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from typing import Any
@@ -24,11 +23,14 @@ from typing import Any
 import keras
 import numpy as np
 
+from kfit.distributed import _launch
+from kfit.distributed._engine import Engine
+
 BACKEND = keras.backend.backend()
 
 #: Environment variables through which a launcher tells a process its rank (horovodrun with Gloo sets
 #: HOROVOD_RANK; mpirun sets the OpenMPI or PMI ones).
-LAUNCHER_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+LAUNCHER_VARIABLES = _launch.HOROVOD_VARIABLES
 
 INSTALL_HINT = (
     "Horovod with its TensorFlow and PyTorch plugins is not installed in this environment. "
@@ -40,7 +42,7 @@ _hvd: Any = None  # the framework plugin in use: horovod.tensorflow or horovod.t
 
 def launched() -> bool:
     """True when this process was started by ``horovodrun`` (or ``mpirun``) as one of several workers."""
-    return any(name in os.environ for name in LAUNCHER_VARIABLES)
+    return _launch.horovod_launched()
 
 
 def plugin_name() -> str:
@@ -211,3 +213,47 @@ def check_step_compilable(model: Any = None) -> None:
             "Horovod's TensorFlow operations have no XLA kernels. Compile the model with "
             "model.compile(..., jit_compile=False), or train with kfit.fit (which does it for you)."
         )
+
+
+class HorovodEngine(Engine):
+    """The Horovod engine: this module's functions behind :class:`kfit.distributed._engine.Engine`."""
+
+    name = "horovod"
+
+    def __init__(self) -> None:
+        plugin()
+
+    def rank(self) -> int:
+        return int(plugin().rank())
+
+    def size(self) -> int:
+        return int(plugin().size())
+
+    def local_rank(self) -> int:
+        return int(plugin().local_rank())
+
+    def local_size(self) -> int:
+        return int(plugin().local_size())
+
+    def host_sum(self, arrays: list[np.ndarray], name: str) -> list[np.ndarray]:
+        return host_sum(arrays, name)
+
+    def host_broadcast(self, array: np.ndarray, root_rank: int, name: str) -> np.ndarray:
+        return host_broadcast(array, root_rank, name)
+
+    def broadcast_bytes(self, payload: bytes | None, root_rank: int, name: str) -> bytes:
+        return broadcast_bytes(payload, root_rank, name)
+
+    def step_sum(self, tensors: list, name: str, average: bool = False) -> list:
+        return step_sum(tensors, name, average)
+
+    def check_step_compilable(self) -> None:
+        check_step_compilable()
+
+    def before_host_collective(self) -> None:
+        if BACKEND == "jax":
+            import jax
+
+            # Wait (asleep) for the step dispatched last and its gradient allreduce, instead of polling
+            # for the flag's allreduce all through the step: with one core per worker, polling slows it.
+            jax.effects_barrier()

@@ -1,11 +1,12 @@
-"""``DistributedOptimizer``: a Keras 3 optimizer whose gradients are summed over Horovod's workers.
+"""``DistributedOptimizer``: a Keras 3 optimizer whose gradients are summed over the workers (any engine).
 
 Keras 3 trains through one method on every backend: the train step calls ``optimizer.apply(grads, vars)``
 on TensorFlow (through ``apply_gradients``) and PyTorch, and ``optimizer.stateless_apply`` on JAX, which
 calls ``apply`` inside a ``StatelessScope``. Horovod-Keras hooked methods that Keras 3 no longer calls
 (``get_gradients``, ``_aggregate_gradients``), so its optimizer trains each worker on its own without an
-error. kfit overrides ``apply``: the gradients of the step go through one grouped allreduce (fused by
-Horovod into one buffer), then the optimizer's own update runs on the result.
+error. kfit overrides ``apply``: the gradients of the step go through one grouped allreduce of the engine
+(fused into one buffer by Horovod; one flat buffer per dtype by the native engines), then the optimizer's own
+update runs on the result.
 
 How the workers' gradients are combined. Keras losses are means over the minibatch, so worker ``r``'s
 gradient ``g_r`` is the mean over its ``n_r`` samples. Under :func:`kfit.fit` the train step knows
@@ -27,7 +28,7 @@ from typing import Any
 
 import keras
 
-from kfit.distributed import _horovod
+from kfit.distributed import _select
 
 
 class Compression:
@@ -101,7 +102,7 @@ def reduce_gradients(grads: list, options: _Options) -> list:
         if weighted and k == len(groups) - 1:
             tensors.append(ops.reshape(ops.cast(count, "float32"), (1,)))
         name = options.name if len(groups) == 1 else f"{options.name}.{k}"
-        out = _horovod.step_sum(tensors, name, average=average)
+        out = _select.current().step_sum(tensors, name, average=average)
         if weighted and k == len(groups) - 1:
             total = out.pop()
         for i, value in zip(group, out):
@@ -117,7 +118,7 @@ def reduce_gradients(grads: list, options: _Options) -> list:
 
 def _dense(gradient: Any) -> Any:
     # TensorFlow gives tf.IndexedSlices for embedding lookups; the allreduce sums dense tensors.
-    if _horovod.BACKEND == "tensorflow":
+    if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
         if isinstance(gradient, tf.IndexedSlices):
@@ -138,7 +139,7 @@ class _DistributedMixin:
         from kfit import distributed
 
         if distributed.size() > 1 and len(grads) > 0:
-            _horovod.check_step_compilable()
+            _select.current().check_step_compilable()
             grads = reduce_gradients(list(grads), self._kfit_horovod_options)
         return super().apply(grads, trainable_variables)
 
@@ -166,19 +167,19 @@ def DistributedOptimizer(
     op: str = Average,
     num_groups: int = 0,
 ) -> keras.optimizers.Optimizer:
-    """Makes a Keras 3 optimizer sum its gradients over Horovod's workers at every step.
+    """Makes a Keras 3 optimizer sum its gradients over the workers at every step (Horovod or native engine).
 
     The port of ``hvd.DistributedOptimizer`` to Keras 3, for TensorFlow, JAX and PyTorch. The optimizer is
     changed in place (its class becomes a subclass that overrides ``apply``) and returned, so both
     ``opt = DistributedOptimizer(opt)`` and wrapping ``model.optimizer`` work, before or after the model
     is compiled or trained. Its variables and configuration are kept; ``model.save`` records the plain
-    optimizer. Without ``horovodrun`` (one worker) it changes nothing in training.
+    optimizer. Without a launcher (one worker) it changes nothing in training.
 
     Each step's gradients go through one grouped allreduce (``num_groups`` of them if given), which
     Horovod fuses into one buffer: the mean gradient of all workers' samples (see the module docstring
     for how uneven shares are weighted under ``kfit.fit``). On TensorFlow the allreduce is an op of the
     traced step, which therefore cannot be XLA-compiled: compile with ``jit_compile=False`` (``kfit.fit``
-    does it). On JAX the jitted step calls the host with ``jax.experimental.io_callback``.
+    does it). On JAX the jitted step calls the host with ``jax.experimental.io_callback`` (both engines).
 
     Args:
         optimizer: a ``keras.optimizers.Optimizer`` (Keras's, kfit's, or a ``LossScaleOptimizer``).
@@ -253,6 +254,6 @@ def prepare_model(model: keras.Model) -> None:
         DistributedOptimizer(model.optimizer)
     if not getattr(model.train_step, "_kfit_counts_samples", False):
         object.__setattr__(model, "train_step", _count_samples(model.train_step))
-    if _horovod.BACKEND in ("tensorflow", "torch") and model.jit_compile:
+    if keras.backend.backend() in ("tensorflow", "torch") and model.jit_compile:
         model.jit_compile = False
     model.train_function = None

@@ -8,18 +8,14 @@ from typing import Any
 import keras
 import numpy as np
 
-from kfit.distributed import _horovod
+from kfit.distributed import _select
 
 
 def any_true(flag: bool) -> bool:
     """True on every worker when ``flag`` is True on any worker: one allreduce of one integer."""
-    if _horovod.BACKEND == "jax":
-        import jax
-
-        # Wait (asleep) for the step dispatched last and its gradient allreduce, instead of polling
-        # for the flag's allreduce all through the step: with one core per worker, polling slows it.
-        jax.effects_barrier()
-    (total,) = _horovod.host_sum([np.array([1 if flag else 0], dtype=np.int32)], "kfit.any_true")
+    engine = _select.current()
+    engine.before_host_collective()
+    (total,) = engine.host_sum([np.array([1 if flag else 0], dtype=np.int32)], "kfit.any_true")
     return bool(total[0] > 0)
 
 
@@ -44,7 +40,7 @@ def broadcast_variables(variables: list, root_rank: int = 0, name: str = "kfit.b
     values = [np.asarray(keras.ops.convert_to_numpy(v.value)) for v in variables]
     expected = sum(v.nbytes for v in values)
     payload = b"".join(v.tobytes() for v in values)
-    received = _horovod.broadcast_bytes(payload, root_rank, name)
+    received = _select.current().broadcast_bytes(payload, root_rank, name)
     if len(received) != expected:
         raise RuntimeError(
             f"Rank {root_rank}'s model and optimizer state is {len(received)} bytes, this worker's is {expected}: "
@@ -60,8 +56,9 @@ def broadcast_variables(variables: list, root_rank: int = 0, name: str = "kfit.b
 
 def broadcast_json(value: Any, root_rank: int = 0, name: str = "kfit.broadcast_json") -> Any:
     """Rank ``root_rank``'s JSON-serializable ``value`` on every worker."""
-    payload = json.dumps(value).encode() if _horovod.plugin().rank() == root_rank else None
-    return json.loads(_horovod.broadcast_bytes(payload, root_rank, name).decode())
+    engine = _select.current()
+    payload = json.dumps(value).encode() if engine.rank() == root_rank else None
+    return json.loads(engine.broadcast_bytes(payload, root_rank, name).decode())
 
 
 def broadcast_training_state(model: Any, root_rank: int = 0) -> None:
@@ -106,7 +103,7 @@ def average_logs(logs: dict, weight: float) -> dict:
         return dict(logs)
     weight = float(weight)
     vector = np.array([weight * float(keras.ops.convert_to_numpy(logs[k])) for k in keys] + [weight], dtype=np.float64)
-    (total,) = _horovod.host_sum([vector], "kfit.metrics")
+    (total,) = _select.current().host_sum([vector], "kfit.metrics")
     out = dict(logs)
     if total[-1] <= 0:
         return out

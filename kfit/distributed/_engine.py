@@ -1,0 +1,92 @@
+"""The interface every distributed engine implements (Horovod, ``torch.distributed``, ``jax.distributed``).
+
+An engine is what kfit needs from a collective-communication library, and nothing else:
+
+* who this worker is: :meth:`Engine.rank`, :meth:`Engine.size`, :meth:`Engine.local_rank`,
+  :meth:`Engine.local_size`;
+* the gradient sum inside the train step: :meth:`Engine.step_sum` (backend tensors, traced on TensorFlow
+  and JAX);
+* host operations on NumPy arrays: :meth:`Engine.host_sum` (stop flag, metric averaging) and
+  :meth:`Engine.host_broadcast` (initial state), with :meth:`Engine.broadcast_bytes` built on it.
+
+Every worker must call the same collectives in the same order with the same shapes and dtypes (the
+``name`` arguments label them; Horovod also matches them by name, the native engines by order).
+``kfit.distributed._state`` and ``kfit.distributed._optimizer`` are written once against this interface.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import numpy as np
+
+
+class WorkerLostError(RuntimeError):
+    """A collective of a native engine failed: a peer died, hung past the timeout, or its connection broke.
+
+    The message names the collective, this worker's rank and the timeout (``KFIT_COLLECTIVE_TIMEOUT``).
+    """
+
+
+class Engine(abc.ABC):
+    """One process's handle on a started collective-communication engine."""
+
+    #: The engine's name, as ``KFIT_ENGINE`` spells it: ``"horovod"`` or ``"native"``.
+    name: str = ""
+
+    @abc.abstractmethod
+    def rank(self) -> int:
+        """This worker's rank, 0 to ``size() - 1``."""
+
+    @abc.abstractmethod
+    def size(self) -> int:
+        """The number of workers."""
+
+    @abc.abstractmethod
+    def local_rank(self) -> int:
+        """This worker's rank among the workers of its machine."""
+
+    @abc.abstractmethod
+    def local_size(self) -> int:
+        """The number of workers on this machine."""
+
+    @abc.abstractmethod
+    def host_sum(self, arrays: list[np.ndarray], name: str) -> list[np.ndarray]:
+        """The sums over all workers of NumPy ``arrays`` (new arrays, same shapes and dtypes)."""
+
+    @abc.abstractmethod
+    def host_broadcast(self, array: np.ndarray, root_rank: int, name: str) -> np.ndarray:
+        """Rank ``root_rank``'s ``array`` on every worker (same shape and dtype on every worker)."""
+
+    @abc.abstractmethod
+    def step_sum(self, tensors: list, name: str, average: bool = False) -> list:
+        """Sums (or averages) backend tensors over all workers inside the train step.
+
+        Args:
+            tensors: backend tensors (traced on TensorFlow and JAX), same shapes and dtypes on every worker.
+            name: the collective's name, the same on every worker.
+            average: divide the sums by the number of workers.
+        """
+
+    def check_step_compilable(self) -> None:  # noqa: B027 - most engines have nothing to refuse
+        """Raises ValueError when the step being traced is compiled in a way the engine cannot run in."""
+
+    def before_host_collective(self) -> None:  # noqa: B027 - most engines need no barrier
+        """Called before the per-step host collective (the stop flag), e.g. to wait for the step's own."""
+
+    def broadcast_bytes(self, payload: bytes | None, root_rank: int, name: str) -> bytes:
+        """Rank ``root_rank``'s ``payload`` on every worker (the others pass anything, e.g. None)."""
+        length = np.array([len(payload) if payload is not None else 0], dtype=np.int64)
+        length = int(self.host_broadcast(length, root_rank, f"{name}.length")[0])
+        if length == 0:
+            return b""
+        if payload is not None and len(payload) == length:
+            buffer = np.frombuffer(payload, dtype=np.uint8)
+        else:
+            buffer = np.zeros(length, np.uint8)
+        return self.host_broadcast(buffer, root_rank, name).tobytes()
+
+    def describe(self) -> dict[str, Any]:
+        """The engine's name, rank and size (for logs and error messages)."""
+        return {"engine": self.name, "rank": self.rank(), "size": self.size()}

@@ -1,0 +1,350 @@
+"""kfit.distributed's engines: choosing one, and the native PyTorch engine (``torch.distributed``) at work.
+
+The native tests launch real workers on loopback, with the backend of this pytest run and one thread each:
+
+* ``killed.py`` (from ``tests/horovod_scripts``) as two processes started here with torchrun's environment
+  (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and no launcher to watch them: rank 1 is
+  SIGKILLed after a checkpoint, and rank 0 must fail on its own within seconds;
+* ``engine_scripts/scenarios.py`` under ``python -m torch.distributed.run --standalone --nproc_per_node 2``:
+  the engine's own collectives, then the Horovod scenarios unchanged (data-parallel ``kfit.fit``, stops,
+  plain ``model.fit`` with Horovod's API, resuming the killed run on two workers, the Horovod example);
+* ``engine_scripts/resume.py``: the killed run's checkpoint (written by two workers) resumed by one worker, and
+  under torchrun, the checkpoint that one worker wrote (``engine_scripts/partial.py``) resumed by two.
+
+Results are checked against single-process references computed here, as in tests/test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import BACKEND
+
+import kfit
+from kfit.distributed import _launch
+
+TESTS = Path(__file__).parent
+SCRIPTS = TESTS / "engine_scripts"
+HOROVOD_SCRIPTS = TESTS / "horovod_scripts"
+sys.path.insert(0, str(HOROVOD_SCRIPTS))
+
+import common  # noqa: E402
+import test_distributed as horovod_checks  # noqa: E402  (the Horovod tests' checks, reused on the same outputs)
+
+#: Backends with a native engine in kfit (JAX: see the README's engine table).
+NATIVE_BACKENDS = ("torch", "jax")
+native_only = pytest.mark.skipif(
+    BACKEND not in NATIVE_BACKENDS,
+    reason=f"kfit's native engine covers the {', '.join(NATIVE_BACKENDS)} backend(s); {BACKEND} has Horovod only",
+)
+JOB_TIMEOUT = 300
+KILL_BOUND_SECONDS = 10.0
+HANG_TIMEOUT_SECONDS = 3.0
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                      "TORCHELASTIC_USE_AGENT_STORE", _launch.ENGINE_VARIABLE, *_launch.HOROVOD_VARIABLES)
+
+
+# -- running workers --------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _environment(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    env.update(KERAS_BACKEND=BACKEND, PYTHONUNBUFFERED="1", KFIT_COLLECTIVE_TIMEOUT="60",
+               PYTHONPATH=os.pathsep.join(p for p in (str(TESTS.parent), env.get("PYTHONPATH")) if p))
+    env.update(extra)
+    return env
+
+
+def _torchrun(script: Path, *args: str) -> tuple[int, str]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
+               *args]
+    try:
+        done = subprocess.run(command, env=_environment(), capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"`{' '.join(command)}` did not end within {JOB_TIMEOUT} s:\n{error.stdout}\n{error.stderr}")
+    return done.returncode, done.stdout + done.stderr
+
+
+def _spawn_workers(script: Path, out: Path, **extra: str) -> list[subprocess.Popen]:
+    """Two workers with torchrun's environment on loopback, started here (no launcher watches them)."""
+    port = str(_free_port())
+    workers = []
+    for rank in (0, 1):
+        env = _environment(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **extra)
+        log = open(out / f"{script.stem}.log{rank}", "w")  # noqa: SIM115 - closed when the worker ends
+        workers.append(subprocess.Popen([sys.executable, str(script), str(out)], env=env, stdout=log,
+                                        stderr=subprocess.STDOUT))
+        log.close()
+    return workers
+
+
+def _wait(worker: subprocess.Popen, timeout: float) -> tuple[int | None, float]:
+    """The worker's exit status and when it ended (None: still running after ``timeout``)."""
+    try:
+        rc = worker.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, time.time()
+    return rc, time.time()
+
+
+def _end(workers: list[subprocess.Popen]) -> None:
+    for worker in workers:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp(f"native_{BACKEND}")
+    # 1. Two workers, no launcher; rank 1 kills itself after step 6 (a checkpoint at 40 samples exists).
+    workers = _spawn_workers(HOROVOD_SCRIPTS / "killed.py", out)
+    try:
+        killed = _wait(workers[0], JOB_TIMEOUT)
+        workers[1].wait(timeout=JOB_TIMEOUT)
+    finally:
+        _end(workers)
+    logs = [(out / f"killed.log{r}").read_text() for r in (0, 1)]
+    # 2. The checkpoint two workers wrote, kept for one worker to resume (scenario "resume" goes on from it).
+    if (out / "resume").exists():
+        shutil.copytree(out / "resume", out / "resume_alone")
+    # 3. torchrun: the engine's collectives, then every Horovod scenario, unchanged.
+    rc, output = _torchrun(SCRIPTS / "scenarios.py", str(out))
+    if rc != 0:
+        pytest.fail(f"engine_scripts/scenarios.py failed under torchrun (exit {rc}):\n{output[-6000:]}")
+    # 4. One worker resumes the two workers' checkpoint.
+    _one_worker(SCRIPTS / "resume.py", str(out / "resume_alone" / "model.ckpt"), str(out / "resume_alone_result"))
+    # 5. One worker trains half the run; two workers resume its checkpoint under torchrun.
+    _one_worker(SCRIPTS / "partial.py", str(out / "partial" / "model.ckpt"))
+    rc, output = _torchrun(SCRIPTS / "resume.py", str(out / "partial" / "model.ckpt"), str(out / "resume_two_result"))
+    if rc != 0:
+        pytest.fail(f"engine_scripts/resume.py failed under torchrun (exit {rc}):\n{output[-6000:]}")
+    return {"out": out, "killed": (killed, logs)}
+
+
+def _one_worker(script: Path, *args: str) -> None:
+    done = subprocess.run([sys.executable, str(script), *args], env=_environment(), capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT)
+    if done.returncode != 0:
+        pytest.fail(f"{script.name} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-6000:]}")
+
+
+# -- the engine ------------------------------------------------------------------------------------------
+@native_only
+def test_torchrun_selects_the_native_engine_and_its_collectives_agree(jobs):
+    infos = [common.load(str(jobs["out"] / f"engine.rank{r}"))[1] for r in (0, 1)]
+    for rank, info in enumerate(infos):
+        assert info["engine"] == "native" and info["class"] == {"torch": "TorchEngine", "jax": "JaxEngine"}[BACKEND]
+        assert (info["rank"], info["size"], info["local_rank"], info["local_size"]) == (rank, 2, rank, 2)
+        assert info["is_chief"] is (rank == 0)
+        assert info["sum_int"] == [3] and info["sum_float"] == [[1.5] * 3] * 2
+        assert info["sum_dtypes"] == ["int32", "float64"]
+        assert info["bytes"] == "rank zero's bytes"
+        assert info["any_true"] == [True, False]
+
+
+# -- data-parallel training --------------------------------------------------------------------------------
+@native_only
+def test_workers_end_identical_and_equal_to_one_process_on_the_same_global_minibatches(jobs):
+    (a0, _), (a1, _) = horovod_checks._results(jobs, "fit")
+    x, y = common.data(common.FIT["num_samples"])
+    reference = common.fit_model(init_seed=0)
+    kfit.fit(reference, x, y, **common.fit_kwargs())
+    for i, w in enumerate(common.weights(reference)):
+        np.testing.assert_array_equal(a0[f"w{i}"], a1[f"w{i}"])
+        np.testing.assert_allclose(a0[f"w{i}"], w, atol=1e-6, rtol=0)
+    # ... and everything else the Horovod test checks (optimizer state, metrics, epoch summaries).
+    horovod_checks.test_workers_end_identical_and_equal_to_one_process_on_the_same_global_minibatches(jobs)
+
+
+@native_only
+def test_the_workers_shares_cover_every_sweep_exactly_once(jobs):
+    horovod_checks.test_the_workers_shares_cover_every_sweep_exactly_once(jobs)
+
+
+@native_only
+def test_a_stop_on_one_worker_ends_both_after_the_same_step(jobs):
+    horovod_checks.test_a_stop_on_rank_zero_ends_both_workers_after_the_same_step(jobs)
+    horovod_checks.test_a_cross_validation_stop_decided_on_rank_zero_ends_both_workers(jobs)
+
+
+@native_only
+def test_model_fit_with_horovods_api_runs_on_the_native_engine(jobs):
+    horovod_checks.test_model_fit_with_distributed_optimizer_broadcast_and_warmup_equals_one_process(jobs)
+    horovod_checks.test_metric_average_callback_weights_each_worker_by_its_samples(jobs)
+
+
+@native_only
+def test_the_horovod_example_runs_unchanged_under_torchrun(jobs):
+    horovod_checks.test_the_horovod_example_trains_on_two_workers(jobs)
+
+
+# -- failures and resumption ---------------------------------------------------------------------------------
+@native_only
+def test_a_killed_worker_ends_the_job_within_seconds_without_a_launcher(jobs):
+    (rc, ended), logs = jobs["killed"]
+    killed_at = jobs["out"] / "killed_at"
+    assert killed_at.exists(), f"rank 1 never reached its kill step:\n{logs[1][-4000:]}"
+    assert rc is not None and rc != 0, logs[0][-4000:]
+    assert ended - float(killed_at.read_text()) < KILL_BOUND_SECONDS
+    assert "WorkerLostError: kfit.distributed: the collective" in logs[0] and "another worker died" in logs[0], logs[0][-4000:]
+    assert "finished without being killed" not in logs[0] + logs[1]
+
+
+@native_only
+def test_a_hung_worker_fails_the_job_after_the_collective_timeout(tmp_path):
+    workers = _spawn_workers(SCRIPTS / "hung.py", tmp_path, KFIT_COLLECTIVE_TIMEOUT=str(HANG_TIMEOUT_SECONDS))
+    try:
+        rc, ended = _wait(workers[0], JOB_TIMEOUT)
+    finally:
+        _end(workers)  # rank 1 is stopped: killed here
+    log = (tmp_path / "hung.log0").read_text()
+    stopped_at = tmp_path / "stopped_at"
+    assert stopped_at.exists(), (tmp_path / "hung.log1").read_text()[-4000:]
+    assert rc is not None and rc != 0, log[-4000:]
+    waited = ended - float(stopped_at.read_text())
+    assert HANG_TIMEOUT_SECONDS - 0.5 < waited < HANG_TIMEOUT_SECONDS + KILL_BOUND_SECONDS, log[-4000:]
+    assert "WorkerLostError" in log and f"KFIT_COLLECTIVE_TIMEOUT={HANG_TIMEOUT_SECONDS:g} seconds" in log, log[-4000:]
+    assert "finished without hanging" not in log
+
+
+@native_only
+def test_kill_and_resume_on_two_workers_ends_bit_identical_to_an_uninterrupted_run(jobs):
+    horovod_checks.test_kill_and_resume_ends_bit_identical_to_an_uninterrupted_run(jobs)
+
+
+def _uninterrupted_resume_run() -> list[np.ndarray]:
+    r = common.RESUME
+    x, y = common.data(r["num_samples"], seed=4)
+    reference = common.resume_model()
+    kfit.fit(reference, x, y, minibatch_size=r["minibatch_size"], max_samples=r["max_samples"], seed=r["seed"],
+             verbose=0)
+    return common.weights(reference)
+
+
+@native_only
+def test_a_checkpoint_of_two_workers_resumes_on_one_to_the_uninterrupted_result(jobs):
+    arrays, info = common.load(str(jobs["out"] / "resume_alone_result.rank0"))
+    r = common.RESUME
+    assert (info["engine"], info["size"]) == ("none", 1)
+    assert info["restored_samples"] == r["frequency"]  # the two workers' last checkpoint before the kill
+    assert info["samples"] == r["max_samples"]
+    for i, w in enumerate(_uninterrupted_resume_run()):
+        np.testing.assert_allclose(arrays[f"w{i}"], w, atol=1e-6, rtol=0)
+    (two, _), _ = horovod_checks._results(jobs, "resume")
+    for i in range(sum(1 for k in arrays if k.startswith("w"))):  # and to the uninterrupted run on two workers
+        np.testing.assert_allclose(arrays[f"w{i}"], two[f"fresh_w{i}"], atol=1e-6, rtol=0)
+
+
+@native_only
+def test_a_checkpoint_of_one_worker_resumes_on_two_to_the_uninterrupted_result(jobs):
+    (a0, i0), (a1, i1) = [common.load(str(jobs["out"] / f"resume_two_result.rank{r}")) for r in (0, 1)]
+    r = common.RESUME
+    for info in (i0, i1):
+        assert (info["engine"], info["size"]) == ("native", 2)
+        assert info["restored_samples"] == 80  # where the one worker stopped (partial.py)
+        assert info["samples"] == r["max_samples"]
+    for key in a0:
+        np.testing.assert_array_equal(a0[key], a1[key], err_msg=key)
+    for i, w in enumerate(_uninterrupted_resume_run()):
+        np.testing.assert_allclose(a0[f"w{i}"], w, atol=1e-6, rtol=0)
+
+
+# -- choosing an engine (every backend) ----------------------------------------------------------------------
+def _select_in_a_new_process(**env: str) -> subprocess.CompletedProcess:
+    script = "import kfit.distributed as d; print(d.engine()); d.init(); print(d.rank(), d.size())"
+    return subprocess.run([sys.executable, "-c", script], env=_environment(**env), capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT)
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, "none"),
+        ({"RANK": "0", "WORLD_SIZE": "2"}, "native"),
+        ({"RANK": "0", "WORLD_SIZE": "1"}, "none"),  # a launcher with one worker: nothing to start
+        ({"HOROVOD_RANK": "0"}, "horovod"),
+        ({"HOROVOD_RANK": "0", "RANK": "0", "WORLD_SIZE": "2"}, "horovod"),  # horovodrun wins
+        ({"RANK": "0", "WORLD_SIZE": "2", "KFIT_ENGINE": "none"}, "none"),
+        ({"HOROVOD_RANK": "0", "KFIT_ENGINE": " Native "}, "native"),
+        ({"KFIT_ENGINE": "horovod"}, "horovod"),
+    ],
+)
+def test_the_launchers_environment_and_kfit_engine_choose_the_engine(monkeypatch, env, expected):
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert _launch.requested_engine() == expected
+
+
+def test_a_bad_kfit_engine_is_refused_with_its_value_and_the_choices(monkeypatch):
+    monkeypatch.setenv("KFIT_ENGINE", "mpi")
+    with pytest.raises(ValueError, match=r"KFIT_ENGINE.*'horovod', 'native', 'none'.*KFIT_ENGINE='mpi'"):
+        _launch.requested_engine()
+
+
+@pytest.mark.parametrize(
+    "env, match",
+    [
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "1234"}, "MASTER_ADDR"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"}, "MASTER_PORT"),
+        ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "RANK=2"),
+        ({"RANK": "x", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "RANK='x'"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "70000"}, "MASTER_PORT=70000"),
+        ({"KFIT_ENGINE": "native"}, "WORLD_SIZE"),
+    ],
+)
+def test_a_bad_launcher_environment_is_refused_naming_the_variable(monkeypatch, env, match):
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=match):
+        _launch.launch_environment()
+
+
+def test_a_bad_collective_timeout_is_refused(monkeypatch):
+    monkeypatch.setenv(_launch.TIMEOUT_VARIABLE, "soon")
+    with pytest.raises(ValueError, match="KFIT_COLLECTIVE_TIMEOUT='soon'"):
+        _launch.timeout_seconds()
+    monkeypatch.setenv(_launch.TIMEOUT_VARIABLE, "2.5")
+    assert _launch.timeout_seconds() == 2.5
+
+
+def test_a_bad_kfit_engine_fails_the_first_call_with_a_clear_error():
+    result = _select_in_a_new_process(KFIT_ENGINE="gloo")
+    assert result.returncode != 0
+    assert "Invalid value for environment variable KFIT_ENGINE" in result.stderr and "'gloo'" in result.stderr
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="the TensorFlow backend has no native engine (Horovod only)")
+def test_the_native_engine_on_tensorflow_says_horovod_is_its_engine():
+    result = _select_in_a_new_process(KFIT_ENGINE="native", RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                      MASTER_PORT=str(_free_port()))
+    assert result.returncode != 0
+    assert "Horovod is the TensorFlow engine" in result.stderr and "KFIT_ENGINE='native'" in result.stderr
+
+
+def test_horovods_elastic_mode_is_refused_under_the_native_engine():
+    script = ("import keras, kfit.distributed as d\n"
+              "m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]); m.compile(optimizer='sgd', loss='mse')\n"
+              "d.ElasticState(m, commit_frequency=10)\n")
+    result = subprocess.run([sys.executable, "-c", script], env=_environment(RANK="0", WORLD_SIZE="2"),
+                            capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    assert result.returncode != 0
+    assert "elastic mode" in result.stderr and "needs the Horovod engine" in result.stderr, result.stderr[-3000:]
