@@ -4,7 +4,7 @@
 ``KFIT_ENGINE``   launcher               engine
 ================  =====================  ================================================================
 unset             ``horovodrun``         Horovod (``horovod.tensorflow`` / ``horovod.torch``)
-unset             ``torchrun``, SLURM    native: ``torch.distributed`` (PyTorch), ``jax.distributed`` (JAX)
+unset             ``torchrun``, SLURM    native: ``torch.distributed`` (PyTorch; JAX through the host)
 unset             none                   none: one worker, nothing imported
 ``horovod``       any                    Horovod
 ``native``        ``torchrun``, SLURM    native (TensorFlow has none: Horovod is its engine)
