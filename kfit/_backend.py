@@ -33,18 +33,12 @@ def to_tensors(batch: Any) -> Any:
     )
 
 
-def _variable_index(variables: list, variable: Any) -> int | None:
-    for i, v in enumerate(variables):
-        if v is variable:
-            return i
-    return None
-
-
 _GROUPS = ("trainable_variables", "non_trainable_variables", "optimizer_variables", "metrics_variables")
 
 # Writes waiting for the next step of Keras's JAX loop: model -> {id(variable): (group, index, value)}.
 # Kept beside the model (weakly), never on it.
 _pending_writes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_positions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {id(variable): (group, index)}
 
 
 def _group_variables(model: Any) -> tuple[list, list, list, list]:
@@ -54,11 +48,13 @@ def _group_variables(model: Any) -> tuple[list, list, list, list]:
 
 
 def _position(model: Any, variable: Any) -> tuple[int, int] | None:
-    for group, variables in enumerate(_group_variables(model)):
-        index = _variable_index(variables, variable)
-        if index is not None:
-            return group, index
-    return None
+    """``(group, index)`` of ``variable`` in the state Keras's JAX loop holds; a table made once per run."""
+    table = _positions.get(model)
+    if table is None:
+        table = {id(v): (g, i) for g, group in enumerate(_group_variables(model)) for i, v in enumerate(group)}
+        if model in _pending_writes:  # the run's variables are fixed until hold_writes is released
+            _positions[model] = table
+    return table.get(id(variable))
 
 
 def _state_is_held(model: Any) -> bool:
@@ -96,6 +92,7 @@ def hold_writes(model: Any) -> Callable[[], None]:
         if model.train_function is train_function:
             model.train_function = original
         _pending_writes.pop(model, None)
+        _positions.pop(model, None)
 
     return release
 
