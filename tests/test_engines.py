@@ -133,6 +133,12 @@ def jobs(tmp_path_factory) -> dict:
     rc, output = _torchrun(SCRIPTS / "resume.py", str(out / "partial" / "model.ckpt"), str(out / "resume_two_result"))
     if rc != 0:
         pytest.fail(f"engine_scripts/resume.py failed under torchrun (exit {rc}):\n{output[-6000:]}")
+    # 6. The same, with the checkpoint on rank 0's disk only: rank 1's directory is empty (no shared file system).
+    shutil.copytree(out / "partial", out / "local0")
+    (out / "local1").mkdir()
+    rc, output = _torchrun(SCRIPTS / "resume.py", str(out / "local{rank}" / "model.ckpt"), str(out / "resume_local"))
+    if rc != 0:
+        pytest.fail(f"engine_scripts/resume.py on local disks failed under torchrun (exit {rc}):\n{output[-6000:]}")
     return {"out": out, "killed": (killed, logs)}
 
 
@@ -262,6 +268,20 @@ def test_a_checkpoint_of_one_worker_resumes_on_two_to_the_uninterrupted_result(j
         np.testing.assert_array_equal(a0[key], a1[key], err_msg=key)
     for i, w in enumerate(_uninterrupted_resume_run()):
         np.testing.assert_allclose(a0[f"w{i}"], w, atol=1e-6, rtol=0)
+
+
+@native_only
+def test_a_checkpoint_on_rank_zeros_disk_only_resumes_both_workers(jobs):
+    results = [common.load(str(jobs["out"] / f"resume_local.rank{r}")) for r in (0, 1)]
+    for _, info in results:
+        assert info["restored_samples"] == 80 and info["samples"] == common.RESUME["max_samples"]
+    assert os.listdir(jobs["out"] / "local1") == []  # rank 1 never had (nor wrote) a file
+    (a0, _), (a1, _) = results
+    for key in a0:
+        np.testing.assert_array_equal(a0[key], a1[key], err_msg=key)
+    shared, _ = common.load(str(jobs["out"] / "resume_two_result.rank0"))  # as when both read one shared file
+    for key in a0:
+        np.testing.assert_array_equal(a0[key], shared[key], err_msg=key)
 
 
 # -- choosing an engine (every backend) ----------------------------------------------------------------------

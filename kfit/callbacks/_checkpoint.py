@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import math
 import os
 import signal
@@ -18,7 +19,12 @@ import keras
 from kfit import _backend, _checks, _run
 from kfit.callbacks._base import KfitCallback
 from kfit.checkpoint import CheckpointInfo, _format, _info, _lock, _signals, _state
-from kfit.checkpoint._format import CheckpointError, CheckpointMismatchError, CheckpointWriteError
+from kfit.checkpoint._format import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointMismatchError,
+    CheckpointWriteError,
+)
 from kfit.clock import Clock
 from kfit.interval import Interval
 
@@ -276,13 +282,25 @@ class Checkpoint(KfitCallback):
                 self._check_writable()
                 self._lock.acquire()  # one writer per path; then every other temporary file is stale
                 _format.remove_stale_temporaries(self.path)
-            if self.restore:
-                self._restore()
         except BaseException:
             self.release()
             raise
         self._training = True
         self._guard.install()
+        if not self.training_run.kfit_fit:  # plain model.fit has no loop of kfit's to restore the run
+            self.resume()
+
+    def resume(self) -> None:
+        """Restores the newest intact checkpoint into the run, if ``restore`` and there is one. ``kfit.fit`` calls it
+        as a step of its loop, after every callback's ``on_train_begin`` and before the workers agree on the
+        state; under plain ``model.fit`` the callback calls it at the end of its own ``on_train_begin``."""
+        if not self.restore:
+            return
+        try:
+            self._restore()
+        except BaseException:
+            self.release()
+            raise
 
     def _holds_run(self) -> bool:
         """Training with this callback is under way (False after a run that ended with an exception, which
@@ -471,8 +489,38 @@ class Checkpoint(KfitCallback):
             self._write_failed(error)
 
     # -- restoring -------------------------------------------------------------------------------
+    def _read_newest(self) -> tuple[str, dict, dict, list[str]] | None:
+        """The newest intact checkpoint (a damaged newer file is passed over, never a crash). With several
+        workers rank 0 reads it and sends its bytes to the others, so that only rank 0 needs the file (no
+        shared file system) and every worker restores the same state."""
+        from kfit import distributed
+
+        if distributed.size() == 1:
+            return _format.read_newest_intact(self.path)
+        from kfit.distributed import _state as _collective
+
+        header: dict[str, Any] = {}
+        data = b""
+        if distributed.is_chief():
+            try:
+                found = _format.newest_intact_image(self.path)
+            except CheckpointError as error:  # the others must not wait for a file that will not come
+                found, header = None, {"error": str(error), "corrupt": isinstance(error, CheckpointCorruptError)}
+            if found is not None:
+                data, header = found[3], {"file": found[0], "damaged": found[4]}
+        received = _collective.broadcast_bytes(json.dumps(header).encode() + b"\n" + data if distributed.is_chief()
+                                               else None, 0, "kfit.checkpoint")
+        text, _, data = received.partition(b"\n")
+        header = json.loads(text)
+        if "error" in header:
+            raise (CheckpointCorruptError if header["corrupt"] else CheckpointError)(header["error"])
+        if "file" not in header:
+            return None
+        meta, arrays = _format.read_image(header["file"], data)
+        return header["file"], meta, arrays, header["damaged"]
+
     def _restore(self) -> None:
-        found = _format.read_newest_intact(self.path)  # a damaged newer file is passed over, never a crash
+        found = self._read_newest()
         if found is None:
             return
         file, meta, arrays, damaged = found

@@ -389,7 +389,12 @@ def read_file(path: str | os.PathLike, load_arrays: bool = True,
         CheckpointError: the file was written by a newer format version.
     """
     path = os.fspath(path)
-    data = _read_bytes(path)
+    return read_image(path, _read_bytes(path), load_arrays, verify)
+
+
+def read_image(path: str, data: bytes, load_arrays: bool = True,
+               verify: bool = True) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """:func:`read_file` on the bytes of the file ``path`` already read (e.g. received from another worker)."""
     try:
         if data[:8] == MAGIC:
             version = _check_header(path, data)
@@ -615,17 +620,25 @@ def read_newest_intact(path: str | os.PathLike) -> tuple[str, dict[str, Any], di
         CheckpointCorruptError: every file is damaged (naming each and what is wrong).
         CheckpointError: the newest readable file has a newer format version.
     """
+    found = newest_intact_image(path)
+    return None if found is None else found[:3] + found[4:]
+
+
+def newest_intact_image(path: str | os.PathLike) -> tuple[str, dict[str, Any], dict[str, np.ndarray], bytes,
+                                                              list[str]] | None:
+    """:func:`read_newest_intact`, with the file's bytes: ``(file, meta, arrays, data, damaged)``."""
     files = candidates(path)
     if not files:
         return None
     damaged = []
     for file in files:
         try:
-            meta, arrays = read_file(file)
+            data = _read_bytes(file)
+            meta, arrays = read_image(file, data)
         except (CheckpointCorruptError, CheckpointNotFoundError) as damage:
             damaged.append(str(damage))
             continue
-        return file, meta, arrays, damaged
+        return file, meta, arrays, data, damaged
     raise CheckpointCorruptError(
         f"None of the checkpoints of {os.fspath(path)!r} is intact: {' '.join(damaged)} Move them away to start "
         "afresh, or pass restore=False."

@@ -34,8 +34,9 @@ engine, the others' next collective fails at once when a peer dies (``WorkerLost
 collective and the rank; ``torchrun`` also stops the remaining workers), and a hung peer fails it after
 ``KFIT_COLLECTIVE_TIMEOUT`` seconds (120 by default). Run the same command again with a
 ``kfit.callbacks.Checkpoint`` (``restore=True``) to resume from the last checkpoint, on any number of workers;
-its path must be readable by every worker (a shared file system), as every worker restores from it (rank 0's
-variables, clock and stream position are then broadcast, so they agree in any case).
+only rank 0 needs the file (it is the only one that writes it): rank 0 reads it and sends its bytes to the others,
+so every worker restores the same model, optimizer, clock, stream position and callback states, with no shared
+file system.
 
 Example:
     >>> import kfit

@@ -54,6 +54,11 @@ def broadcast_variables(variables: list, root_rank: int = 0, name: str = "kfit.b
             variable.assign(data.copy())
 
 
+def broadcast_bytes(payload: bytes | None, root_rank: int = 0, name: str = "kfit.broadcast_bytes") -> bytes:
+    """Rank ``root_rank``'s ``payload`` (None on the other ranks) on every worker."""
+    return _select.current().broadcast_bytes(payload, root_rank, name)
+
+
 def broadcast_json(value: Any, root_rank: int = 0, name: str = "kfit.broadcast_json") -> Any:
     """Rank ``root_rank``'s JSON-serializable ``value`` on every worker."""
     engine = _select.current()

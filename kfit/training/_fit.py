@@ -233,10 +233,10 @@ class RunHistory(keras.callbacks.History):
 
 
 class _RunControl(keras.callbacks.Callback):
-    """kfit.fit's own hooks in ``model.fit``: where the run starts (after a checkpoint restore), the
+    """kfit.fit's own hooks in ``model.fit``: the checkpoint restore, where the run starts, the
     restored metric state of an epoch resumed in its middle, Horovod's broadcast."""
 
-    order = 150  # after Checkpoint (100) has restored the state in on_train_begin
+    order = 150  # after the on_train_begin of every kfit callback (they reset their state there), before Keras's
 
     def __init__(self, fit: _StreamFit):
         super().__init__()
@@ -248,6 +248,8 @@ class _RunControl(keras.callbacks.Callback):
         model, clock = fit.model, fit.clock
         fit.run.begun = True
         fit.release_writes = _backend.hold_writes(model)
+        for checkpoint in fit.checkpoints:  # restoring is a step of the loop: after every on_train_begin
+            checkpoint.resume()
         started_at = _backend.initial_epoch(model)
         if started_at and clock.samples == 0 and fit.source is None:
             # Another callback (Keras's BackupAndRestore) restored an epoch number, as under model.fit: the
@@ -392,6 +394,7 @@ class _StreamFit:
         self.history = RunHistory()
         self.summaries = EpochSummaries(self.history)
         self.callbacks = ordered_callbacks(callbacks + [self.summaries])
+        self.checkpoints = [c for c in self.callbacks if getattr(c, "writes_checkpoints", False)]
         self.run = _run.Run(model, clock=clock, stream=self.stream, callbacks=list(self.callbacks),
                             history=self.history, kfit_fit=True, epochs=self.epochs, max_samples=self.max_samples)
         self.release_writes: Any = lambda: None

@@ -4,7 +4,8 @@
     torchrun --standalone --nproc_per_node 2 tests/engine_scripts/resume.py CHECKPOINT OUT_PREFIX
 
 ``tests/test_engines.py`` resumes on one worker the checkpoint that two workers wrote (``killed.py``), and on
-two workers the one that one worker wrote (``partial.py``). Each worker writes its weights, optimizer
+two workers the one that one worker wrote (``partial.py``). ``{rank}`` in CHECKPOINT is the worker's rank: each
+worker then has a directory of its own, as workers on machines without a shared file system have. Each worker writes its weights, optimizer
 variables, clock and the restored sample count to ``OUT_PREFIX.rank<r>.{npz,json}``.
 """
 
@@ -21,7 +22,7 @@ import numpy as np  # noqa: E402
 
 import kfit  # noqa: E402
 
-checkpoint_path, out = sys.argv[1], sys.argv[2]
+checkpoint_path, out = sys.argv[1].format(rank=kfit.distributed.rank()), sys.argv[2]
 r = common.RESUME
 x, y = common.data(r["num_samples"], seed=4)
 net = common.resume_model()
