@@ -10,11 +10,12 @@ from __future__ import annotations
 import bisect
 import inspect
 import math
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+
+from kfit import _checks
 
 if TYPE_CHECKING:
     from kfit.schedules._units import HyperparameterSchedule
@@ -38,12 +39,8 @@ def _invalid(name: str, expected: str, value: Any, detail: str = "") -> ValueErr
     return ValueError(message + (f" ({detail})" if detail else ""))
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+_is_int = _checks.is_integer
+_is_real = _checks.is_real
 
 
 def _number(value: Any) -> int | float:
@@ -58,15 +55,11 @@ def _check_finite(name: str, value: Any) -> int | float:
 
 
 def _check_positive_int(name: str, value: Any) -> int:
-    if not _is_int(value) or value <= 0:
-        raise _invalid(name, "a positive integer", value)
-    return int(value)
+    return _checks.count(name, value, low=1)
 
 
 def _check_epoch_size(epoch_size: Any) -> int | None:
-    if epoch_size is not None and (not _is_int(epoch_size) or epoch_size <= 0):
-        raise _invalid("epoch_size", "a positive integer or None", epoch_size)
-    return None if epoch_size is None else int(epoch_size)
+    return _checks.count("epoch_size", epoch_size, low=1, allow_none=True)
 
 
 def _check_boundaries(name: str, boundaries: Any) -> tuple[int, ...]:
