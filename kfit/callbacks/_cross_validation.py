@@ -375,6 +375,12 @@ class CrossValidation(KfitCallback):
     The evaluation uses ``model.evaluate``; the training metrics of the epoch in progress are put back
     afterwards.
 
+    Under data-parallel training (more than one worker), each worker evaluates only its contiguous share of
+    the samples and the metrics' states are summed over the workers (one allreduce), so every worker gets
+    the single-process results and its callbacks decide the same; :attr:`evaluated_samples` is the share's
+    size. Every worker must be given the same ``data``. A model with a metric whose state is not a sum over
+    samples (see the README's "Sharded evaluation") is evaluated whole on every worker.
+
     Args:
         data: ``(x, y)`` or ``(x, y, sample_weight)``: NumPy arrays, h5py datasets (read one minibatch at
             a time), or dicts/lists of them for several inputs.

@@ -33,6 +33,11 @@ class Test(KfitCallback):
     :class:`EarlyStopping` restores is tested with them. Under plain ``model.fit``, put it after them in
     the callback list. It does not need the sample clock.
 
+    Under data-parallel training each worker tests only its contiguous share of ``data`` and the metrics'
+    states are summed over the workers: every worker gets the single-process results
+    (:attr:`evaluated_samples`: the share's size). Every worker must be given the same ``data``. See
+    :class:`CrossValidation` for what is evaluated whole instead.
+
     Args:
         data: ``(x, y)`` or ``(x, y, sample_weight)`` (see :class:`CrossValidation`).
         minibatch_size: the evaluation's minibatch size: a positive int or a minibatch-size schedule (read
