@@ -2,7 +2,7 @@
 
 ``tests/engine_scripts/evaluation.py`` runs as two workers (the native engine under ``torchrun`` on PyTorch and
 JAX; Horovod under ``horovodrun`` on TensorFlow, with the ``horovod`` marker). Its ``validation_data``,
-``CrossValidation`` (arrays and a ``PyDataset``) and ``Test`` sets have odd sizes and sample weights. The test
+``CrossValidation`` (arrays, a ``PyDataset``, h5py datasets) and ``Test`` sets have odd sizes and sample weights. The test
 evaluates the same sets here, in one process, with the workers' final weights, and checks the workers'
 results against it (1e-6), that both workers hold the same results, and how many samples each evaluated.
 """
@@ -65,12 +65,13 @@ def _check(out: Path) -> None:
     # Both workers end with the same weights and the same results of every evaluation.
     for key in arrays0:
         np.testing.assert_array_equal(arrays0[key], arrays1[key], err_msg=key)
-    for key in ("cv", "source", "test", "epoch_logs"):
+    for key in ("cv", "source", "h5", "test", "epoch_logs"):
         assert info0[key] == info1[key], key
     weights = [arrays0[f"w{i}"] for i in range(len(arrays0))]
 
     # Each worker evaluated only its contiguous share (shares of an odd size: n // 2 and n - n // 2).
-    for key, n in (("cv_evaluated", E["cv"]), ("source_evaluated", E["source"]), ("test_evaluated", E["test"])):
+    for key, n in (("cv_evaluated", E["cv"]), ("source_evaluated", E["source"]), ("h5_evaluated", E["cv"]),
+                   ("test_evaluated", E["test"])):
         assert [info0[key], info1[key]] == [n // 2, n - n // 2], key
     half = E["validation"] // 2
     assert info0["validated"] == [half] * E["epochs"]
@@ -80,6 +81,7 @@ def _check(out: Path) -> None:
     # final weights: the last epoch ends training).
     cv = _reference(weights, common.classification_data(E["cv"], seed=3), E["cv_batch"], "val_")
     _close(info0["cv"][-1], cv)
+    _close(info0["h5"][-1], cv)  # the same set, read from h5py datasets minibatch by minibatch
     last = info0["cv"][-1]
     assert last["val_samples"] == E["cv"] and last["val_minibatches"] == math.ceil(E["cv"] / E["cv_batch"])
     np.testing.assert_allclose(last["val_average_error"], 1.0 - cv["val_accuracy"], **TOLERANCE)

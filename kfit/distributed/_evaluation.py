@@ -99,7 +99,9 @@ def combine_metric_states(model: Any) -> dict[str, Any]:
     variables = list(model.metrics_variables)
     values = [np.asarray(keras.ops.convert_to_numpy(v.value)) for v in variables]
     flat = np.concatenate([v.astype(np.float64).ravel() for v in values]) if values else np.zeros(0)
-    (total,) = _select.current().host_sum([flat], "kfit.evaluation")
+    engine = _select.current()
+    engine.before_host_collective()
+    (total,) = engine.host_sum([flat], "kfit.evaluation")
     offset = 0
     for variable, value in zip(variables, values):
         part = total[offset:offset + value.size].reshape(value.shape)

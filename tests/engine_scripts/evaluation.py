@@ -4,8 +4,8 @@
     horovodrun --gloo -np 2 -H localhost:2 python tests/engine_scripts/evaluation.py OUT_DIR
 
 ``kfit.fit`` trains ``common.classifier`` data-parallel (from different initial weights per worker: rank 0's
-are broadcast) with ``validation_data``, a ``CrossValidation`` on arrays, one on a ``keras.utils.PyDataset``
-and a ``Test``, every set of odd size with sample weights. Each worker writes ``OUT_DIR/evaluation.rank<r>``:
+are broadcast) with ``validation_data``, a ``CrossValidation`` on arrays, one on a ``keras.utils.PyDataset``,
+one on h5py datasets and a ``Test``, every set of odd size with sample weights. Each worker writes ``OUT_DIR/evaluation.rank<r>``:
 its final weights, every result, and how many samples it evaluated. Then a model with a metric whose state
 is not a sum (a running maximum) is evaluated on every worker (``OUT_DIR/fallback.rank<r>``).
 """
@@ -18,6 +18,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "horovod_scripts"))
 
 import common  # noqa: E402  (sets one thread per worker before the backend loads)
+import h5py  # noqa: E402
 import keras  # noqa: E402
 
 import kfit  # noqa: E402
@@ -70,16 +71,23 @@ def scenario_evaluation() -> None:
     cv = kfit.callbacks.CrossValidation(common.classification_data(E["cv"], seed=3), minibatch_size=E["cv_batch"])
     source = kfit.callbacks.CrossValidation(Batches(common.classification_data(E["source"], seed=4), E["source_batch"]),
                                             name="cv_source")
+    with h5py.File(os.path.join(OUT, f"cv_data.rank{RANK}.h5"), "w") as f:  # read by minibatch: never whole
+        for name, array in zip("xyw", common.classification_data(E["cv"], seed=3)):
+            f[name] = array
+    h5 = h5py.File(os.path.join(OUT, f"cv_data.rank{RANK}.h5"), "r")
+    on_disk = kfit.callbacks.CrossValidation((h5["x"], h5["y"], h5["w"]), minibatch_size=E["cv_batch"], name="cv_h5")
     test = kfit.callbacks.Test(common.classification_data(E["test"], seed=5), minibatch_size=E["test_batch"], verbose=0)
     record = Record()
     kfit.fit(net, train[0], train[1], sample_weight=train[2], minibatch_size=16, epoch_size=E["train"],
              epochs=E["epochs"], seed=E["seed"], verbose=0, validation_data=validation,
-             validation_batch_size=E["val_batch"], callbacks=[cv, source, test, record])
+             validation_batch_size=E["val_batch"], callbacks=[cv, source, on_disk, test, record])
+    h5.close()
     arrays = {f"w{i}": w for i, w in enumerate(common.weights(net))}
     common.save(os.path.join(OUT, f"evaluation.rank{RANK}"), arrays, {
         "rank": RANK, "size": hvd.size(),
         "cv": cv.results, "cv_evaluated": cv.evaluated_samples,
         "source": source.results, "source_evaluated": source.evaluated_samples,
+        "h5": on_disk.results, "h5_evaluated": on_disk.evaluated_samples,
         "test": test.results, "test_evaluated": test.evaluated_samples,
         "epoch_logs": record.logs, "validated": record.validated,
     })
