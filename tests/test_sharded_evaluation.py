@@ -77,6 +77,15 @@ def _check(out: Path) -> None:
     assert info0["validated"] == [half] * E["epochs"]
     assert info1["validated"] == [E["validation"] - half] * E["epochs"]
 
+    # The training logs are averaged weighted by the samples each worker trained (34 and 30 per epoch), not by
+    # what Keras's validation leaves in the loss tracker.
+    for epoch in range(E["epochs"]):
+        local = [info0["local_logs"][epoch], info1["local_logs"][epoch]]
+        assert [w["trained"] for w in local] == [34, 30]
+        for key in ("loss", "accuracy", "weighted_accuracy"):
+            mean = (34 * local[0][key] + 30 * local[1][key]) / 64
+            np.testing.assert_allclose(info0["epoch_logs"][epoch][key], mean, **TOLERANCE, err_msg=key)
+
     # ... and reports exactly what one process reports on the whole set (the last evaluations ran on the
     # final weights: the last epoch ends training).
     cv = _reference(weights, common.classification_data(E["cv"], seed=3), E["cv_batch"], "val_")

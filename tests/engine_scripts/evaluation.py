@@ -64,6 +64,24 @@ class Record(keras.callbacks.Callback):
         self.logs.append({k: float(v) for k, v in logs.items()})
 
 
+class RecordLocal(keras.callbacks.Callback):
+    """This worker's own training logs at the epoch end, before they are averaged over the workers, and the
+    samples it trained in the epoch."""
+
+    order = -2000
+
+    def __init__(self):
+        super().__init__()
+        self.logs: list = []
+
+    def on_test_begin(self, logs=None):
+        self.trained = _state.local_sample_count(self.model)  # before the validation resets the metrics
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.logs.append({k: float(v) for k, v in logs.items() if not k.startswith("val_")})
+        self.logs[-1]["trained"] = self.trained
+
+
 def scenario_evaluation() -> None:
     net = common.classifier(init_seed=RANK)
     train = common.classification_data(E["train"], seed=1)
@@ -77,10 +95,10 @@ def scenario_evaluation() -> None:
     h5 = h5py.File(os.path.join(OUT, f"cv_data.rank{RANK}.h5"), "r")
     on_disk = kfit.callbacks.CrossValidation((h5["x"], h5["y"], h5["w"]), minibatch_size=E["cv_batch"], name="cv_h5")
     test = kfit.callbacks.Test(common.classification_data(E["test"], seed=5), minibatch_size=E["test_batch"], verbose=0)
-    record = Record()
-    kfit.fit(net, train[0], train[1], sample_weight=train[2], minibatch_size=16, epoch_size=E["train"],
+    record, local = Record(), RecordLocal()
+    kfit.fit(net, train[0], train[1], sample_weight=train[2], minibatch_size=E["train_batch"], epoch_size=E["train"],
              epochs=E["epochs"], seed=E["seed"], verbose=0, validation_data=validation,
-             validation_batch_size=E["val_batch"], callbacks=[cv, source, on_disk, test, record])
+             validation_batch_size=E["val_batch"], callbacks=[cv, source, on_disk, test, record, local])
     h5.close()
     arrays = {f"w{i}": w for i, w in enumerate(common.weights(net))}
     common.save(os.path.join(OUT, f"evaluation.rank{RANK}"), arrays, {
@@ -89,7 +107,7 @@ def scenario_evaluation() -> None:
         "source": source.results, "source_evaluated": source.evaluated_samples,
         "h5": on_disk.results, "h5_evaluated": on_disk.evaluated_samples,
         "test": test.results, "test_evaluated": test.evaluated_samples,
-        "epoch_logs": record.logs, "validated": record.validated,
+        "epoch_logs": record.logs, "validated": record.validated, "local_logs": local.logs,
     })
 
 

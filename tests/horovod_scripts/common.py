@@ -115,8 +115,9 @@ def load(path: str) -> tuple[dict, dict]:
 
 
 # Scenario "evaluation" (tests/engine_scripts/evaluation.py): sharded evaluation. Every evaluation set has an
-# odd size (two workers get unequal shares) and sample weights; kfit.fit trains 2 epochs of 64 samples.
-EVALUATION = dict(train=64, validation=53, cv=101, source=45, test=77, cv_batch=16, source_batch=8, test_batch=10,
+# odd size (two workers get unequal shares) and sample weights; kfit.fit trains 2 epochs of 64 samples in
+# global minibatches of 15 (shares 8 and 7; the epoch's last minibatch 4: 2 and 2).
+EVALUATION = dict(train=64, train_batch=15, validation=53, cv=101, source=45, test=77, cv_batch=16, source_batch=8, test_batch=10,
                   val_batch=12, epochs=2, seed=11, lr=0.05, momentum=0.9)
 CLASSES = 3
 
