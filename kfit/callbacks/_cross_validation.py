@@ -131,14 +131,35 @@ def _rows(part: Any, lo: int, hi: int) -> Any:
 
 
 class _Minibatches(keras.utils.PyDataset):
-    """Consecutive minibatches of evaluation data, read lazily (an h5py dataset is never read whole)."""
+    """Consecutive minibatches of evaluation data, read lazily (an h5py dataset is never read whole).
+
+    ``num_samples`` and :attr:`num_minibatches` describe the whole evaluation; the rows this worker
+    evaluates are ``[lo, hi)`` (all of them unless :meth:`select` shards them), and ``len()`` counts the
+    minibatches of those rows (what Keras iterates).
+    """
 
     def __init__(self, data: EvaluationData, num_samples: int, batch_size: int):
         super().__init__()
         self.data, self.num_samples, self.batch_size = data, num_samples, batch_size
+        self.lo, self.hi = 0, num_samples
 
     def __len__(self) -> int:
+        return math.ceil((self.hi - self.lo) / self.batch_size)
+
+    @property
+    def num_minibatches(self) -> int:
+        """The minibatches of the whole evaluation (as one worker evaluates it)."""
         return math.ceil(self.num_samples / self.batch_size)
+
+    @property
+    def local_samples(self) -> int:
+        """The samples this worker evaluates."""
+        return self.hi - self.lo
+
+    def select(self, sharded: bool) -> bool:
+        """Makes this worker evaluate its share (when ``sharded`` and every worker gets a sample); returns
+        whether it did."""
+        return _select_share(self, sharded)
 
     def parts(self) -> tuple:
         return self.data.x, self.data.y, self.data.sample_weight
@@ -147,16 +168,29 @@ class _Minibatches(keras.utils.PyDataset):
         """True when every array is a NumPy array (no h5py dataset to read by minibatch)."""
         return all(isinstance(leaf, np.ndarray) for part in self.parts() for leaf in flatten(part) if leaf is not None)
 
-
     def __getitem__(self, index: int) -> tuple:
-        lo = index * self.batch_size
-        hi = min(lo + self.batch_size, self.num_samples)
+        lo = self.lo + index * self.batch_size
+        hi = min(lo + self.batch_size, self.hi)
         x, y, sw = (_rows(p, lo, hi) for p in (self.data.x, self.data.y, self.data.sample_weight))
         if isinstance(x, tuple):
             x = list(x)  # Keras reads a tuple inside the batch as (x, y, ...)
         if sw is not None:
             return x, y, sw
         return (x, y) if y is not None else (x,)
+
+
+def _select_share(batches: Any, sharded: bool) -> bool:
+    """Sets ``batches.lo, batches.hi`` to this worker's share of ``batches.num_samples`` rows when ``sharded``
+    and there are at least as many rows as workers (the same decision on every worker); else all rows."""
+    from kfit.distributed import _evaluation, _select
+
+    engine = _select.current()
+    size = engine.size() if engine is not None else 1
+    if not sharded or size == 1 or batches.num_samples < size:
+        batches.lo, batches.hi = 0, batches.num_samples
+        return False
+    batches.lo, batches.hi = _evaluation.share(batches.num_samples, engine.rank(), size)
+    return True
 
 
 class _SourceBatches:
@@ -166,9 +200,24 @@ class _SourceBatches:
         self.source, self.max_samples = source, max_samples
         self.num_samples = 0
         self.count = 0
+        self.lo, self.hi = 0, 0
 
     def __len__(self) -> int:
         return self.count
+
+    @property
+    def num_minibatches(self) -> int:
+        """The source's minibatches read (the whole evaluation's)."""
+        return self.count
+
+    @property
+    def local_samples(self) -> int:
+        """The samples this worker evaluates (rows ``[lo, hi)`` of those read)."""
+        return self.hi - self.lo
+
+    def select(self, sharded: bool) -> bool:
+        """After :meth:`read`: this worker's share of the rows read (see :class:`_Minibatches`)."""
+        return _select_share(self, sharded)
 
     def read(self) -> tuple:
         """The minibatches, read now and laid end to end: ``(x, y, sample_weight, batch_size)`` arrays that
@@ -254,24 +303,40 @@ def evaluate(model: Any, batches: Any) -> dict[str, Any]:
 
     ``model.evaluate`` resets the metrics that training accumulates over the epoch; their values are put
     back afterwards, so an evaluation in the middle of an epoch does not change the epoch's logs.
+
+    When more than one worker trains and the model's metrics can be combined
+    (:func:`kfit.distributed._evaluation.why_not_sharded`), each worker evaluates only its contiguous share
+    of the rows (``batches.lo``, ``batches.hi``) and the metric states are summed over the workers: every
+    worker returns the results of the whole set. Every worker must call it at the same point then.
     """
+    from kfit.distributed import _evaluation
+
+    shardable = _evaluation.can_shard(model)
     if isinstance(batches, _SourceBatches):
         x, y, sample_weight, size = batches.read()
+        sharded = batches.select(shardable)
+        if sharded:
+            x, y, sample_weight = (_rows(p, batches.lo, batches.hi) for p in (x, y, sample_weight))
         return _keeping_training_state(model, lambda: model.evaluate(
-            x, y, sample_weight=sample_weight, batch_size=size, verbose=0, return_dict=True))
+            x, y, sample_weight=sample_weight, batch_size=size, verbose=0, return_dict=True), sharded)
+    sharded = batches.select(shardable)
     if batches.in_memory():  # NumPy arrays: Keras's own array path (its rules for shapes and dict inputs)
-        x, y, sample_weight = (_rows(p, 0, batches.num_samples) for p in batches.parts())
+        x, y, sample_weight = (_rows(p, batches.lo, batches.hi) for p in batches.parts())
         return _keeping_training_state(model, lambda: model.evaluate(
-            x, y, sample_weight=sample_weight, batch_size=batches.batch_size, verbose=0, return_dict=True))
-    return _keeping_training_state(model, lambda: model.evaluate(batches, verbose=0, return_dict=True))
+            x, y, sample_weight=sample_weight, batch_size=batches.batch_size, verbose=0, return_dict=True), sharded)
+    return _keeping_training_state(model, lambda: model.evaluate(batches, verbose=0, return_dict=True), sharded)
 
 
-def _keeping_training_state(model: Any, run: Callable[[], dict]) -> dict[str, Any]:
+def _keeping_training_state(model: Any, run: Callable[[], dict], combine: bool = False) -> dict[str, Any]:
     # (A model's compiled metrics may be built by this very evaluation: only those that existed are put back.)
     saved = [(v, np.array(keras.ops.convert_to_numpy(v))) for v in model.metrics_variables]
     training = getattr(model, "training", None)  # torch modules: evaluate() switches to eval mode
     try:
         results = run()
+        if combine:
+            from kfit.distributed import _evaluation
+
+            results = _evaluation.combine_metric_states(model)
     finally:
         for variable, value in saved:
             variable.assign(value)
@@ -309,6 +374,12 @@ class CrossValidation(KfitCallback):
 
     The evaluation uses ``model.evaluate``; the training metrics of the epoch in progress are put back
     afterwards.
+
+    Under data-parallel training (more than one worker), each worker evaluates only its contiguous share of
+    the samples and the metrics' states are summed over the workers (one allreduce), so every worker gets
+    the single-process results and its callbacks decide the same; :attr:`evaluated_samples` is the share's
+    size. Every worker must be given the same ``data``. A model with a metric whose state is not a sum over
+    samples (see the README's "Sharded evaluation") is evaluated whole on every worker.
 
     Args:
         data: ``(x, y)`` or ``(x, y, sample_weight)``: NumPy arrays, h5py datasets (read one minibatch at
@@ -364,6 +435,8 @@ class CrossValidation(KfitCallback):
             raise ValueError(f"Invalid value for argument `metric`: expected a metric's name or None. Received: metric={metric!r}")
         self.metric = metric
         self._restored = False
+        #: The samples this worker evaluated in the latest evaluation (its share when sharded; 0 before any).
+        self.evaluated_samples = 0
         self._reset()
 
     def _reset(self) -> None:
@@ -405,18 +478,19 @@ class CrossValidation(KfitCallback):
         size = minibatch_size_at(self.minibatch_size, clock)
         batches = self.data.minibatches(size, self.max_samples)
         results = evaluate(model, batches)
+        self.evaluated_samples = batches.local_samples
         key = choose_metric(model, results, self.metric, "CrossValidation")
         error = average_error(key, results[key])
         index = self.index
         logs: dict[str, Any] = {f"val_{k}": v for k, v in results.items()}
         logs.update(
-            val_average_error=error, val_samples=batches.num_samples, val_minibatches=len(batches),
+            val_average_error=error, val_samples=batches.num_samples, val_minibatches=batches.num_minibatches,
             val_index=index, samples=clock.samples,
         )
         self.results.append(dict(logs))
         self._epoch_logs = {k: v for k, v in logs.items() if k.startswith("val_")}
         if self.callback is not None:
-            verdict = self.callback(index, error, batches.num_samples, len(batches))
+            verdict = self.callback(index, error, batches.num_samples, batches.num_minibatches)
             if verdict is not None and not isinstance(verdict, (bool, np.bool_)):
                 raise TypeError(
                     f"The cross-validation callback {getattr(self.callback, '__name__', self.callback)!r} must return "

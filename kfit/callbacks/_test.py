@@ -33,6 +33,11 @@ class Test(KfitCallback):
     :class:`EarlyStopping` restores is tested with them. Under plain ``model.fit``, put it after them in
     the callback list. It does not need the sample clock.
 
+    Under data-parallel training each worker tests only its contiguous share of ``data`` and the metrics'
+    states are summed over the workers: every worker gets the single-process results
+    (:attr:`evaluated_samples`: the share's size). Every worker must be given the same ``data``. See
+    :class:`CrossValidation` for what is evaluated whole instead.
+
     Args:
         data: ``(x, y)`` or ``(x, y, sample_weight)`` (see :class:`CrossValidation`).
         minibatch_size: the evaluation's minibatch size: a positive int or a minibatch-size schedule (read
@@ -78,6 +83,8 @@ class Test(KfitCallback):
         self.verbose = int(verbose)
         #: The test's logs (``test_*``), once it has run.
         self.results: dict[str, Any] | None = None
+        #: The samples this worker evaluated (its share when sharded; 0 before the test).
+        self.evaluated_samples = 0
 
     # The test needs no clock: the per-step hooks do nothing.
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
@@ -98,12 +105,13 @@ class Test(KfitCallback):
         size = minibatch_size_at(self.minibatch_size, self.training_run.clock)
         batches = self.data.minibatches(size)
         results = evaluate(model, batches)
+        self.evaluated_samples = batches.local_samples
         key = choose_metric(model, results, self.metric, "Test")
         logs: dict[str, Any] = {f"test_{k}": v for k, v in results.items()}
         logs.update(
             test_average_error=average_error(key, results[key]),
             test_samples=batches.num_samples,
-            test_minibatches=len(batches),
+            test_minibatches=batches.num_minibatches,
         )
         self.results = logs
         history = self._history()
@@ -115,7 +123,7 @@ class Test(KfitCallback):
             from kfit import distributed
 
             if distributed.is_chief():
-                print(self._line(key, results[key], batches.num_samples, len(batches)), flush=True)
+                print(self._line(key, results[key], batches.num_samples, batches.num_minibatches), flush=True)
         return logs
 
     @staticmethod

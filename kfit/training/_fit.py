@@ -23,7 +23,7 @@ from kfit.data._adapter import StreamAdapter, declared_batches, pack_batch
 from kfit.data._pydataset import PyDatasetStream
 from kfit.data._source import SourceAdapter, SourceDriver, batch_size_of
 from kfit.data._stream import SampleStream, dataset_length, flatten, is_streamable, pack, to_host
-from kfit.training import _plan
+from kfit.training import _plan, _validation
 from kfit.training._driver import PlanDriver
 from kfit.training._options import FitOptions, size_function
 from kfit.training._progress_bar import ProgressBar
@@ -352,13 +352,24 @@ class _AgreedStop(keras.callbacks.Callback):
 class _AverageMetrics(keras.callbacks.Callback):
     order = -1000  # first at the epoch end: every other callback sees the averaged logs
 
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        from kfit import distributed
+    def __init__(self) -> None:
+        super().__init__()
+        self._trained: float | None = None
 
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        # model.fit's validation is about to reset the metrics: the samples trained this epoch, counted now.
+        from kfit.distributed import _state
+
+        self._trained = _state.local_sample_count(self.model)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        from kfit.distributed import _state
+
+        trained, self._trained = self._trained, None
         if logs is None:
             return
         train = {k: v for k, v in logs.items() if not k.startswith("val_")}
-        logs.update(distributed.average_metrics(train, self.model))
+        logs.update(_state.average_logs(train, trained if trained is not None else _state.local_sample_count(self.model)))
 
 
 class _StreamFit:
@@ -517,12 +528,16 @@ class _StreamFit:
             if self.distributed:
                 distributed.prepare_model(model)
             _backend.build(model, _backend.to_tensors(first))
+            validation_data, sharded = _validation.shard_validation_data(self.validation_data, model,
+                                                                         self.validation_steps)
+            if sharded:  # first at the epoch end (the lowest order), before _AverageMetrics
+                callbacks = [_validation.CombineValidation(), *callbacks]
             with warnings.catch_warnings():
                 # An epoch whose plan holds fewer minibatches than declared ends early, by design.
                 warnings.filterwarnings("ignore", message="Your input ran out of data")
                 model.fit(
                     adapter, epochs=self.num_epochs, verbose=self.verbose, callbacks=callbacks,
-                    validation_data=self.validation_data, validation_steps=self.validation_steps,
+                    validation_data=validation_data, validation_steps=self.validation_steps,
                     validation_batch_size=self.validation_batch_size or validation_size,
                     validation_freq=self.validation_freq, initial_epoch=0,
                     steps_per_epoch=self.source.steps_per_epoch if self.source is not None else None,

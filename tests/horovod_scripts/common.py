@@ -112,3 +112,35 @@ def load(path: str) -> tuple[dict, dict]:
         arrays = {k: archive[k] for k in archive.files}
     with open(path + ".json") as f:
         return arrays, json.load(f)
+
+
+# Scenario "evaluation" (tests/engine_scripts/evaluation.py): sharded evaluation. Every evaluation set has an
+# odd size (two workers get unequal shares) and sample weights; kfit.fit trains 2 epochs of 64 samples in
+# global minibatches of 15 (shares 8 and 7; the epoch's last minibatch 4: 2 and 2).
+EVALUATION = dict(train=64, train_batch=15, validation=53, cv=101, source=45, test=77, cv_batch=16, source_batch=8, test_batch=10,
+                  val_batch=12, epochs=2, seed=11, lr=0.05, momentum=0.9)
+CLASSES = 3
+
+
+def classification_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(x, labels, sample_weight)``: labels from a random linear map, weights in [0.5, 2)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, FEATURES)).astype("float32")
+    w = rng.normal(size=(FEATURES, CLASSES)).astype("float32")
+    labels = np.argmax(x @ w + 0.5 * rng.normal(size=(n, CLASSES)), axis=-1).astype("int64")
+    return x, labels, rng.uniform(0.5, 2.0, size=n).astype("float32")
+
+
+def classifier(init_seed: int) -> keras.Model:
+    """A small softmax classifier, compiled with an unweighted and a weighted accuracy."""
+    import kfit
+
+    e = EVALUATION
+    net = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(8, activation="tanh"),
+                            keras.layers.Dense(CLASSES, activation="softmax")])
+    rng = np.random.default_rng(2000 + init_seed)
+    net.set_weights([(0.5 * rng.normal(size=w.shape)).astype("float32") for w in net.get_weights()])
+    net.compile(optimizer=kfit.optimizers.MomentumSGD(e["lr"], momentum=e["momentum"]),
+                loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="weighted_accuracy")])
+    return net
