@@ -130,11 +130,11 @@ def jobs(tmp_path_factory) -> dict:
     _one_worker(SCRIPTS / "resume.py", str(out / "resume_alone" / "model.ckpt"), str(out / "resume_alone_result"))
     # 5. One worker trains half the run; two workers resume its checkpoint under torchrun.
     _one_worker(SCRIPTS / "partial.py", str(out / "partial" / "model.ckpt"))
+    shutil.copytree(out / "partial", out / "local0")  # for 6., before 5. goes on from it
     rc, output = _torchrun(SCRIPTS / "resume.py", str(out / "partial" / "model.ckpt"), str(out / "resume_two_result"))
     if rc != 0:
         pytest.fail(f"engine_scripts/resume.py failed under torchrun (exit {rc}):\n{output[-6000:]}")
     # 6. The same, with the checkpoint on rank 0's disk only: rank 1's directory is empty (no shared file system).
-    shutil.copytree(out / "partial", out / "local0")
     (out / "local1").mkdir()
     rc, output = _torchrun(SCRIPTS / "resume.py", str(out / "local{rank}" / "model.ckpt"), str(out / "resume_local"))
     if rc != 0:
