@@ -1,23 +1,25 @@
-"""Horovod scaling of kfit.fit: one worker against two (one thread each), per backend.
+"""Scaling of kfit.fit from one worker to two (one thread each), per backend and engine.
 
-    python benchmarks/horovod_scaling.py                      # every backend, about 2-3 minutes
-    python benchmarks/horovod_scaling.py --backends jax --steps 40 --model mlp --batch 256
+    python benchmarks/scaling.py                      # every backend and engine, about 3-5 minutes
+    python benchmarks/scaling.py --backends jax --engines native --steps 40 --model mlp --batch 256
 
 For each backend it runs, one after the other:
 
-* one worker:  ``python benchmarks/horovod_scaling.py --worker`` (no horovodrun: kfit.fit as one worker);
-* the same, twice at once: two independent single workers, no Horovod (what the machine itself gives two
-  processes of one thread: the ceiling of any data-parallel speed-up here);
-* two workers: ``horovodrun --gloo -np 2 -H localhost:2 python benchmarks/horovod_scaling.py --worker``
+* one worker:  ``python benchmarks/scaling.py --worker`` (no launcher: kfit.fit as one worker);
+* the same, twice at once: two independent single workers (what the machine itself gives two processes of one
+  thread: the ceiling of any data-parallel speed-up here);
+* two workers, for each engine the backend has: Horovod,
+  ``horovodrun --gloo -np 2 -H localhost:2 python benchmarks/scaling.py --worker``, and the native engine
+  (PyTorch and JAX), ``python -m torch.distributed.run --standalone --nproc_per_node 2 benchmarks/scaling.py --worker``
 
 on the same model and the same minibatch per worker (weak scaling: the global minibatch doubles), and
 prints the training throughput (samples per second over the timed steps, after warm-up steps that compile
 the step), the scaling efficiency ``throughput(2) / (2 * throughput(1))`` and the share of the machine's own
-two-process throughput that Horovod reaches, and, measured in the two-worker
+two-process throughput that the engine reaches, and, measured in the two-worker
 job, the cost of one fused allreduce of the model's gradients: through the route the train step uses
-(TensorFlow: the Horovod op in a ``tf.function``; PyTorch: ``horovod.torch``; JAX: ``io_callback`` from a
-jitted function into ``horovod.torch``), the same allreduce called directly on host arrays, and the
-per-step stop-flag allreduce. Every process gets one thread (OMP, TensorFlow, XLA, torch).
+(TensorFlow: the Horovod op in a ``tf.function``; PyTorch: the engine's collective on the tensors; JAX:
+``io_callback`` from a jitted function into the engine), the same allreduce called directly on host arrays, and
+the per-step stop-flag allreduce. Every process gets one thread (OMP, TensorFlow, XLA, torch).
 
 The default model is a small CNN on 32x32x3 inputs (80 K parameters, 0.3 MB of gradients, about 0.1 GFLOP
 per sample): its step is compute-bound on one core. ``--model mlp`` (784-1024-1024-10, 1.9 M parameters,
@@ -89,7 +91,7 @@ def worker(args: argparse.Namespace) -> None:
               "step_ms": 1000 * (timer.marks[1] - timer.marks[0]) / args.steps,
               "parameters": int(sum(int(np.prod(w.shape)) for w in model.trainable_weights))}
     if size > 1:
-        result.update(allreduce_costs(model, args.repeats))
+        result.update(allreduce_costs(model, args.repeats), engine=hvd.engine())
     if rank == 0:
         print(RESULT + json.dumps(result), flush=True)
 
@@ -122,7 +124,9 @@ def allreduce_costs(model, repeats: int) -> dict:
     import keras
     import numpy as np
 
-    from kfit.distributed import _horovod, _state
+    from kfit.distributed import _select, _state
+
+    engine = _select.current()
 
     shapes = [tuple(w.shape) for w in model.trainable_weights]
     host = [np.ones(s, np.float32) for s in shapes]
@@ -140,22 +144,22 @@ def allreduce_costs(model, repeats: int) -> dict:
         import tensorflow as tf
 
         tensors = [tf.constant(a) for a in host]
-        step = tf.function(lambda ts: _horovod.step_sum(list(ts), "bench.route"))
+        step = tf.function(lambda ts: engine.step_sum(list(ts), "bench.route"))
         route = timed(lambda: [t.numpy() for t in step(tensors)])
     elif backend == "jax":
         import jax
 
         arrays = [jax.numpy.asarray(a) for a in host]
-        step = jax.jit(lambda ts: _horovod.step_sum(list(ts), "bench.route"))
+        step = jax.jit(lambda ts: engine.step_sum(list(ts), "bench.route"))
         route = timed(lambda: jax.block_until_ready(step(arrays)))
     else:
         import torch
 
         tensors = [torch.from_numpy(a) for a in host]
-        route = timed(lambda: _horovod.step_sum(tensors, "bench.route"))
+        route = timed(lambda: engine.step_sum(tensors, "bench.route"))
     return {
         "allreduce_route_ms": route,
-        "allreduce_host_ms": timed(lambda: _horovod.host_sum(host, "bench.host")),
+        "allreduce_host_ms": timed(lambda: engine.host_sum(host, "bench.host")),
         "stop_flag_ms": timed(lambda: _state.any_true(False)),
         "gradient_mb": sum(a.nbytes for a in host) / 2**20,
     }
@@ -181,6 +185,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", action="store_true", help="run one worker (internal)")
     parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--engines", default="horovod,native", help="engines to run two workers on")
     parser.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
     parser.add_argument("--batch", type=int, default=64, help="samples per worker per step")
     parser.add_argument("--steps", type=int, default=15, help="timed steps")
@@ -193,35 +198,43 @@ def main() -> None:
     horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
     me = [sys.executable, os.path.abspath(__file__), "--worker", "--model", args.model, "--batch", str(args.batch), "--steps", str(args.steps),
           "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
-    two = [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2"] + me
+    launchers = {
+        "horovod": [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2"] + me,
+        "native": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] + me[1:],
+    }
+    engines = [e for e in args.engines.split(",") if e in launchers]
     env_text = " ".join(f"{k}={v!r}" if " " in v else f"{k}={v}" for k, v in THREADS.items())
     print("Commands (each with KERAS_BACKEND=<backend> and", env_text + "):")
     print("  one worker:  " + " ".join(me))
-    print("  two workers: " + " ".join(two))
+    for engine in engines:
+        print(f"  two workers ({engine}): " + " ".join(launchers[engine]))
     rows = []
     started = time.perf_counter()
     for backend in args.backends.split(","):
         (one,) = run(me, backend)
         independent = sum(r["throughput"] for r in run(me, backend, copies=2))
-        (pair,) = run(two, backend)
-        efficiency = pair["throughput"] / (2 * one["throughput"])
-        rows.append((backend, one, pair, efficiency))
-        print(
-            f"{backend:>10}: 1 worker {one['throughput']:7.0f} samples/s ({one['step_ms']:.1f} ms/step) | "
-            f"2 Horovod workers {pair['throughput']:7.0f} samples/s ({pair['step_ms']:.1f} ms/step): "
-            f"speed-up {pair['throughput'] / one['throughput']:.2f}x, efficiency {100 * efficiency:.1f}% | "
-            f"2 independent single workers at once: {independent:7.0f} samples/s together (the machine's own "
-            f"scaling {100 * independent / (2 * one['throughput']):.1f}%; Horovod reaches "
-            f"{100 * pair['throughput'] / independent:.1f}% of it) | "
-            f"allreduce of {pair['gradient_mb']:.2f} MB of gradients: {pair['allreduce_route_ms']:.2f} ms in-step route, "
-            f"{pair['allreduce_host_ms']:.2f} ms on host; stop flag {pair['stop_flag_ms']:.2f} ms",
-            flush=True,
-        )
-    print(f"model: {args.model} ({rows[0][1]['parameters']:,} parameters), {args.batch} samples per worker per "
+        for engine in engines:
+            if engine == "native" and backend == "tensorflow":
+                continue  # Horovod is TensorFlow's engine
+            (pair,) = run(launchers[engine], backend)
+            efficiency = pair["throughput"] / (2 * one["throughput"])
+            rows.append((backend, engine, one, pair, efficiency))
+            print(
+                f"{backend:>10} {engine:>7}: 1 worker {one['throughput']:7.0f} samples/s ({one['step_ms']:.1f} ms/step) | "
+                f"2 workers {pair['throughput']:7.0f} samples/s ({pair['step_ms']:.1f} ms/step): "
+                f"speed-up {pair['throughput'] / one['throughput']:.2f}x, efficiency {100 * efficiency:.1f}% | "
+                f"2 independent single workers at once: {independent:7.0f} samples/s together (the machine's own "
+                f"scaling {100 * independent / (2 * one['throughput']):.1f}%; the engine reaches "
+                f"{100 * pair['throughput'] / independent:.1f}% of it) | "
+                f"allreduce of {pair['gradient_mb']:.2f} MB of gradients: {pair['allreduce_route_ms']:.2f} ms in-step "
+                f"route, {pair['allreduce_host_ms']:.2f} ms on host; stop flag {pair['stop_flag_ms']:.2f} ms",
+                flush=True,
+            )
+    print(f"model: {args.model} ({rows[0][2]['parameters']:,} parameters), {args.batch} samples per worker per "
           f"step, {args.steps} timed steps after {args.warmup}; total {time.perf_counter() - started:.0f} s")
-    for backend, _, pair, _ in rows:
+    for backend, engine, _, pair, _ in rows:
         if backend == "jax":
-            print(f"JAX io_callback cost per step: {pair['allreduce_route_ms'] - pair['allreduce_host_ms']:+.2f} ms "
+            print(f"JAX io_callback cost per step ({engine}): {pair['allreduce_route_ms'] - pair['allreduce_host_ms']:+.2f} ms "
                   "(in-step route minus the same allreduce on host arrays)")
 
 
