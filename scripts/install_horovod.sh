@@ -8,7 +8,12 @@
 # The built wheel is cached in $KFIT_WHEEL_CACHE (default ~/.cache/kfit/wheels), keyed by the
 # TensorFlow, torch and Python versions, so a second run installs in seconds.
 #
+# GPUs: HOROVOD_GPU_OPERATIONS=NCCL builds the NCCL allreduce in (with CUDA builds of TensorFlow and torch and
+# NCCL installed; HOROVOD_NCCL_HOME if NCCL is not where CUDA is); the cache key then says "nccl".
+# Not tried here (no GPU); scripts/gpu_check.sh runs the data-parallel tests on a GPU machine.
+#
 # Usage:  bash scripts/install_horovod.sh        (in the environment that has tensorflow-cpu and torch)
+#         HOROVOD_GPU_OPERATIONS=NCCL bash scripts/install_horovod.sh
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
@@ -20,7 +25,8 @@ if ! "$PYTHON" -c "import tensorflow, torch" 2>/dev/null; then
   exit 2
 fi
 if "$PYTHON" -c "import horovod.tensorflow, horovod.torch" 2>/dev/null \
-   && [ "$("$PYTHON" -c 'import horovod; print(horovod.__version__)')" = "$HOROVOD_VERSION" ]; then
+   && [ "$("$PYTHON" -c 'import horovod; print(horovod.__version__)')" = "$HOROVOD_VERSION" ] \
+   && { [ -z "${HOROVOD_GPU_OPERATIONS:-}" ] || "$PYTHON" -c "import horovod.torch as h; assert h.nccl_built()" 2>/dev/null; }; then
   echo "Horovod $HOROVOD_VERSION with TensorFlow and PyTorch plugins is already installed."
   exit 0
 fi
@@ -30,7 +36,8 @@ import sys, tensorflow as tf, torch
 print(f"py{sys.version_info.major}{sys.version_info.minor}-tf{tf.__version__}-torch{torch.__version__}")
 PY
 )
-cache="$cache_root/horovod-$HOROVOD_VERSION-$key"
+gpu_ops=${HOROVOD_GPU_OPERATIONS:-}
+cache="$cache_root/horovod-$HOROVOD_VERSION-$key${gpu_ops:+-$(echo "$gpu_ops" | tr '[:upper:]' '[:lower:]')}"
 mkdir -p "$cache"
 wheel=$(ls "$cache"/horovod-*.whl 2>/dev/null | head -1 || true)
 
