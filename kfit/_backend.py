@@ -203,18 +203,34 @@ def declare_epoch_steps(steps: int) -> None:
     from the adapter's ``on_epoch_begin``, which ``EpochIterator._enumerate_iterator`` calls just before it
     reads ``_num_batches`` for the epoch. Checked against Keras 3.10-3.15.
     """
+    owner = _running_epoch_iterator()
+    if owner is not None and owner.steps_per_epoch is None:
+        owner._num_batches = max(int(steps), 1)
+
+
+def forget_pass_length(num_batches: int | None) -> None:
+    """Undoes what the ``EpochIterator`` of the running ``model.fit`` concluded when kfit ended a resumed
+    epoch early on a source read on across epochs: Keras takes an iterator that ends to be a pass of that
+    many batches (``_num_batches``), which would cut every later epoch short. Called from the adapter's
+    ``on_epoch_begin``. Checked against Keras 3.10-3.15."""
+    owner = _running_epoch_iterator()
+    if owner is not None:
+        owner._num_batches = num_batches
+
+
+def _running_epoch_iterator() -> Any:
+    """The ``EpochIterator`` whose ``_enumerate_iterator`` called the adapter hook calling us, if any."""
     from keras.src.trainers.epoch_iterator import EpochIterator
 
-    frame = sys._getframe(1)
+    frame = sys._getframe(2)
     for _ in range(4):
         frame = frame.f_back
         if frame is None:
-            return
+            return None
         owner = frame.f_locals.get("self")
         if isinstance(owner, EpochIterator):
-            if owner.steps_per_epoch is None:
-                owner._num_batches = max(int(steps), 1)
-            return
+            return owner
+    return None
 
 
 def global_seed_state() -> np.ndarray | None:

@@ -1,9 +1,12 @@
-"""Sources that batch by themselves (tf.data, generators, torch DataLoaders) with kfit's features.
+"""Sources that batch by themselves (tf.data, Grain, generators, torch DataLoaders, endless PyDatasets), sparse
+inputs and Keras's ``steps_per_epoch`` epochs on arrays, with kfit's features.
 
 They train through ``kfit.fit`` as through ``model.fit``; kfit's clock counts their samples; a checkpoint
 resumes them by skipping ahead, which reproduces an uninterrupted run when the source yields the same
 minibatches in the same order.
 """
+
+import functools
 
 import keras
 import numpy as np
@@ -43,7 +46,21 @@ def torch_loader(batch_size=8):
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False)
 
 
+def grain_dataset(batch_size=8):
+    import grain
+
+    class Rows(grain.sources.RandomAccessDataSource):
+        def __len__(self):
+            return len(X)
+
+        def __getitem__(self, index):
+            return X[index], Y[index]
+
+    return grain.MapDataset.source(Rows()).batch(batch_size)
+
+
 SOURCES = {
+    "grain": (grain_dataset, {}),
     "tf.data": (tf_dataset, {}),
     "generator": (finite_generator, {}),
     "endless_generator": (endless_generator, {"steps_per_epoch": 7}),
@@ -73,7 +90,7 @@ def test_a_source_trains_as_under_model_fit_and_the_clock_counts_its_samples(kin
 
 # Generators resume by skipping ahead too, but not yet exactly (Keras re-yields a generator's peeked first
 # batches when it reopens it): only the sources that restart each epoch are claimed exact here.
-@pytest.mark.parametrize("kind", ["DataLoader", "tf.data"])
+@pytest.mark.parametrize("kind", ["DataLoader", "grain", "tf.data"])
 def test_a_source_resumes_by_skipping_ahead_to_the_uninterrupted_run(kind, tmp_path, capfd):
     make, options = SOURCES[kind]
     epochs = 1 if kind == "generator" else 3
@@ -107,3 +124,133 @@ def test_max_samples_on_a_source_stops_after_the_step_that_reaches_it():
     model = compiled(mlp())
     history = kfit.fit(model, tf_dataset(), epochs=5, max_samples=60, verbose=0)
     assert [s.samples for s in history.epoch_summaries] == [50, 16]  # 6 steps of 8 and one of 2; then 58, 66 >= 60
+
+
+# -- what kfit's stream cannot read: Keras's own adapter reads it, as under model.fit -----------------------
+class _Steps(keras.callbacks.Callback):
+    """The number of training steps of every epoch."""
+
+    def on_train_begin(self, logs=None):
+        self.per_epoch = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.per_epoch.append(0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.per_epoch[-1] += 1
+
+
+def _both_loops(data, **options):
+    """Trains the same model under model.fit and under kfit.fit with a kfit-only feature (seed); returns
+    ``[(weights, history, steps per epoch)]`` for each."""
+    results = []
+    for loop in ("model.fit", "kfit.fit"):
+        model = compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9))
+        steps = _Steps()
+        x, y = data()
+        if loop == "model.fit":
+            history = model.fit(x, y, verbose=0, callbacks=[steps], **options)
+        else:
+            history = kfit.fit(model, x, y, verbose=0, callbacks=[steps], seed=0, **options)
+        results.append((weights(model), history, steps.per_epoch))
+    return results
+
+
+@pytest.mark.parametrize("steps_per_epoch", [4, 9])
+def test_steps_per_epoch_on_arrays_gives_kerass_epochs(steps_per_epoch):
+    # 50 samples in minibatches of 8: 7 per sweep. Keras ends an epoch at the end of a sweep (4, 3, 4: the
+    # sweep's last 3 steps make an epoch; 9: every epoch is one sweep of 7), where kfit's stream would run
+    # 4 * 8 or 9 * 8 samples across sweeps.
+    (w_keras, h_keras, s_keras), (w_kfit, h_kfit, s_kfit) = _both_loops(
+        lambda: (X, Y), batch_size=8, epochs=3, steps_per_epoch=steps_per_epoch, shuffle=False)
+    assert s_kfit == s_keras == ([4, 3, 4] if steps_per_epoch == 4 else [7, 7, 7])
+    for a, b in zip(w_keras, w_kfit):
+        np.testing.assert_array_equal(a, b)
+    assert h_kfit.history == h_keras.history
+    assert [s.samples for s in h_kfit.epoch_summaries] == ([32, 18, 32] if steps_per_epoch == 4 else [50] * 3)
+
+
+def test_steps_per_epoch_that_divides_the_data_keeps_kfits_seekable_stream(tmp_path):
+    # 48 samples, 3 steps of 8 per epoch: a sweep is two epochs, as Keras counts them too; the stream (exact
+    # resume, no "cannot seek" note) stays.
+    x, y = X[:48], Y[:48]
+    (w_keras, _, s_keras), (w_kfit, _, s_kfit) = _both_loops(
+        lambda: (x, y), batch_size=8, epochs=4, steps_per_epoch=3, shuffle=False)
+    assert s_kfit == s_keras == [3, 3, 3, 3]
+    for a, b in zip(w_keras, w_kfit):
+        np.testing.assert_array_equal(a, b)
+    model = compiled(mlp())
+    kfit.fit(model, x, y, batch_size=8, epochs=2, steps_per_epoch=3, verbose=0,
+             callbacks=[kfit.callbacks.Checkpoint(tmp_path / "run.ckpt", frequency=1000)])
+    assert kfit.get_clock(model).epoch_size == 24
+
+
+def test_sparse_inputs_train_with_kfits_features_as_under_model_fit():
+    scipy_sparse = pytest.importorskip("scipy.sparse")
+
+    def data():
+        dense = np.where(np.abs(X) > 0.8, X, 0.0).astype("float32")
+        return scipy_sparse.csr_matrix(dense), Y
+
+    (w_keras, h_keras, s_keras), (w_kfit, h_kfit, s_kfit) = _both_loops(data, batch_size=8, epochs=2, shuffle=False)
+    assert s_kfit == s_keras == [7, 7]
+    for a, b in zip(w_keras, w_kfit):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert [s.samples for s in h_kfit.epoch_summaries] == [50, 50]
+
+
+class _EndlessBatches(keras.utils.PyDataset):
+    """An endless PyDataset (``num_batches`` None): batch ``i`` is minibatch ``i % 7`` of X, Y."""
+
+    @property
+    def num_batches(self):
+        return None
+
+    def __getitem__(self, index):
+        start = (index % 7) * 8
+        return X[start:start + 8], Y[start:start + 8]
+
+
+def test_an_endless_pydataset_trains_as_under_model_fit_and_resumes_by_skipping_ahead(tmp_path, capfd):
+    results = []
+    for loop in ("model.fit", "kfit.fit"):
+        model = compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9))
+        run = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+        run(_EndlessBatches(), epochs=3, steps_per_epoch=5, verbose=0)
+        results.append(weights(model))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+    path = tmp_path / "run.ckpt"
+    kfit.fit(compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9)), _EndlessBatches(), epochs=3,
+             steps_per_epoch=5, max_samples=60, verbose=0, callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)])
+    resumed = compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9))
+    kfit.fit(resumed, _EndlessBatches(), epochs=3, steps_per_epoch=5, verbose=0,
+             callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)])
+    assert "cannot seek: resuming at sample" in capfd.readouterr().err
+    for a, b in zip(results[1], weights(resumed)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_list_inputs_and_targets_reach_the_model_as_under_model_fit():
+    # Lists in the data (two inputs, two outputs): on TensorFlow, tf.data nests them as tuples, as Keras does.
+    def model():
+        a, b = keras.Input((4,), name="a"), keras.Input((4,), name="b")
+        hidden = keras.layers.Dense(4, kernel_initializer=keras.initializers.GlorotUniform(seed=3))(
+            keras.layers.Concatenate()([a, b]))
+        outputs = [keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=s), name=n)(hidden)
+                   for s, n in ((4, "p"), (5, "q"))]
+        m = keras.Model([a, b], outputs)
+        m.compile(optimizer=keras.optimizers.SGD(0.01), loss=["mse", "mse"], loss_weights=[1.0, 0.5])
+        return m
+
+    results = []
+    for loop in ("model.fit", "kfit.fit"):
+        m = model()
+        run = m.fit if loop == "model.fit" else functools.partial(kfit.fit, m, seed=0)
+        history = run([X, X[::-1].copy()], [Y, 2 * Y], batch_size=8, epochs=2, shuffle=False, verbose=0)
+        results.append((weights(m), history.history))
+    (w_keras, h_keras), (w_kfit, h_kfit) = results
+    for a, b in zip(w_keras, w_kfit):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert sorted(h_kfit) == sorted(h_keras)

@@ -114,12 +114,13 @@ class StreamAdapter(_backend.DataAdapter):
     def get_tf_dataset(self) -> Any:
         import tensorflow as tf
 
+        # tf.data takes tuples, not lists, as nested structure (as Keras's own array adapter, lists become tuples).
         if self._signature is None:
             start, size = self.plan[0] if self.plan else (0, 1)
-            sample = pack_batch(*self._read(start, size))
+            sample = keras.tree.lists_to_tuples(pack_batch(*self._read(start, size)))
             self._signature = keras.tree.map_structure(
                 lambda a: tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), sample)
-        return tf.data.Dataset.from_generator(lambda: self._batches(lambda batch: batch),
+        return tf.data.Dataset.from_generator(lambda: self._batches(keras.tree.lists_to_tuples),
                                               output_signature=self._signature)
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ which reproduces the interrupted run when the source yields the same minibatches
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,21 +24,22 @@ from kfit._run import StepDriver
 
 
 def batch_size_of(batch: Any) -> int:
-    """The number of samples in a batch as Keras hands it (``x``, ``(x,)``, ``(x, y)``, ``(x, y, w)``)."""
+    """The number of samples in a batch as Keras hands it (``x``, ``(x,)``, ``(x, y)``, ``(x, y, w)``): NumPy
+    arrays, backend tensors or sparse matrices (SciPy, ``tf.SparseTensor``, JAX ``BCOO``)."""
     x = batch[0] if isinstance(batch, tuple) else batch
     leaves = [leaf for leaf in keras.tree.flatten(x) if leaf is not None]
     if not leaves:
         raise ValueError(f"kfit cannot count the samples of a batch with no input array. Received: {batch!r}")
-    return int(np.shape(leaves[0])[0])
+    shape = getattr(leaves[0], "shape", None)
+    return int(shape[0] if shape is not None else np.shape(leaves[0])[0])
 
 
 class _ReadAhead:
     """Iterates ``source`` one batch ahead, recording the size of every batch it has read; ends after
     ``limit`` batches when one is given."""
 
-    def __init__(self, source: Iterator[Any], convert: Callable[[Any], Any], limit: int | None = None):
+    def __init__(self, source: Iterator[Any], limit: int | None = None):
         self._source = source
-        self._convert = convert
         self._limit = limit
         self.sizes: list[int] = []
         self._next: Any = None
@@ -66,7 +68,7 @@ class _ReadAhead:
             raise StopIteration
         batch = self._next
         self._advance()
-        return self._convert(batch)
+        return batch
 
 
 class SourceAdapter(_backend.DataAdapter):
@@ -87,7 +89,11 @@ class SourceAdapter(_backend.DataAdapter):
         self._steps_at_open = 0
         self._skip = 0
         self._limit: int | None = None
+        #: The pass being read began where a resumed run skipped to (its epoch is shorter than the source's).
+        self._resumed_pass = False
         self._signature: Any = None
+        #: Makes an iterable over one pass of the source, in the form Keras asked for (set by ``get_*``).
+        self._passes: Callable[[], Any] = inner.get_numpy_iterator
         #: Steps counted since training began (kept by the driver).
         self.steps = 0
         self.driver: SourceDriver | None = None
@@ -110,9 +116,17 @@ class SourceAdapter(_backend.DataAdapter):
 
     def on_epoch_begin(self) -> None:
         self.inner.on_epoch_begin()
-        if not self.continues:
+        current = self._current
+        if self._resumed_pass and current is not None and current.done:
+            # The epoch a run resumed in was cut short by kfit (the samples dropped, or the steps it had left):
+            # Keras must not take its length for the source's.
+            _backend.forget_pass_length(self.inner.num_batches)
+            self._resumed_pass = False
+        if not self.continues or (current is not None and current.exhausted):
             # Keras opens a new pass for this epoch (on TensorFlow, lazily, once the first step runs).
             self._current = None
+            if current is not None and current.exhausted:
+                self._underlying = None
 
     def on_epoch_end(self) -> None:
         self.inner.on_epoch_end()
@@ -122,12 +136,25 @@ class SourceAdapter(_backend.DataAdapter):
         """True when Keras reads the source on across epochs (a generator; ``steps_per_epoch`` given)."""
         return not self.restarts or self.steps_per_epoch is not None
 
+    def position(self, steps: int) -> tuple[int, int]:
+        """Keras's ``(epoch, step in epoch)`` after ``steps`` steps read on across epochs (``steps_per_epoch``
+        given): an epoch is ``steps_per_epoch`` steps, cut short where a pass of known length ends (Keras's
+        ``EpochIterator`` opens the next pass with the next epoch)."""
+        per_epoch, per_pass = self.steps_per_epoch, self.inner.num_batches
+        if not per_epoch:
+            raise ValueError("position() needs steps_per_epoch")
+        if not per_pass:
+            return divmod(steps, per_epoch)
+        passes, in_pass = divmod(steps, per_pass)
+        epoch, step = divmod(in_pass, per_epoch)
+        return passes * math.ceil(per_pass / per_epoch) + epoch, step
+
     def resume(self, samples_in_epoch: int, samples: int, steps_in_epoch: int) -> int:
         """Positions the source for a run resumed mid-run; returns the samples it will drop.
 
         A source read from its start at every epoch drops the epoch's first ``samples_in_epoch`` samples;
         one read on across epochs drops the first ``samples`` of the run, and the epoch in progress ends after
-        the ``steps_per_epoch - steps_in_epoch`` steps it has left.
+        the ``steps_per_epoch - steps_in_epoch`` steps it has left (or where its pass ends).
         """
         self._skip = samples if self.continues else samples_in_epoch
         if self.steps_per_epoch is not None and steps_in_epoch:
@@ -148,7 +175,7 @@ class SourceAdapter(_backend.DataAdapter):
         return current is not None and current.done and steps - self._steps_at_open >= len(current.sizes)
 
     def _new_pass(self) -> None:
-        self._underlying = iter(self.inner.get_numpy_iterator())
+        self._underlying = iter(self._passes())
 
     def _drop(self, samples: int) -> None:
         dropped, empty_passes = 0, 0
@@ -164,34 +191,55 @@ class SourceAdapter(_backend.DataAdapter):
                                      "data.") from None
                 self._new_pass()  # a source that restarts goes on with its next pass
 
-    def _open(self, convert: Callable[[Any], Any]) -> _ReadAhead:
+    def _open(self, passes: Callable[[], Any]) -> _ReadAhead:
         # Keras asks for an iterator at each epoch (or, reading on across epochs, when the last one ended).
+        # Batches come from Keras's own adapter in the form this backend's loop reads (its tensors, sparse
+        # ones included), so kfit converts nothing.
+        if passes != self._passes:  # (bound methods: equal, never identical)
+            self._passes, self._underlying = passes, None
         exhausted = self._current is not None and self._current.exhausted
         if self._underlying is None or not self.continues or exhausted:
             self._new_pass()
-        if self._skip:
-            skip, self._skip = self._skip, 0
-            self._drop(skip)
+        skipped = self._skip
+        if skipped:
+            self._skip = 0
+            self._drop(skipped)
         limit, self._limit = self._limit, None
-        self._current = _ReadAhead(self._underlying, convert, limit)
+        self._resumed_pass = self._resumed_pass or bool(skipped and not self.continues) or limit is not None
+        self._current = _ReadAhead(self._underlying, limit)
+        if skipped and self.restarts and self._current.exhausted and not self._current.sizes:
+            # The samples dropped ended a pass: the resumed epoch begins with the next pass, as it did.
+            self._new_pass()
+            self._current = _ReadAhead(self._underlying, limit)
         # A step planned from the previous pass and not yet counted (Keras opens the next epoch's pass as soon
         # as the last step of an epoch has run) is not this pass's first step.
         driver = self.driver
         self._steps_at_open = self.steps + int(driver is not None and driver.pending is not None and driver.pending_known)
         return self._current
 
+    def first_batch(self) -> Any:
+        """The source's first batch as this backend's loop reads it (Keras's conversion: sparse inputs become
+        the backend's sparse tensors). For sources read from their start (arrays, ``tf.data``), not generators."""
+        if _backend.BACKEND == "tensorflow":
+            return next(iter(self.inner.get_tf_dataset()))
+        if _backend.BACKEND == "jax":
+            return next(iter(self.inner.get_jax_iterator()))
+        if _backend.BACKEND == "torch":
+            return next(iter(self.inner.get_torch_dataloader()))
+        return next(iter(self.inner.get_numpy_iterator()))
+
     def get_numpy_iterator(self) -> Iterator[Any]:
-        return self._open(lambda batch: batch)
+        return self._open(self.inner.get_numpy_iterator)
 
     def get_jax_iterator(self) -> Iterator[Any]:
-        return self._open(_backend.to_tensors)
+        return self._open(self.inner.get_jax_iterator)
 
     def get_torch_dataloader(self) -> Any:
         adapter = self
 
         class _Passes:
             def __iter__(self) -> Iterator[Any]:
-                return adapter._open(_backend.to_tensors)
+                return adapter._open(adapter.inner.get_torch_dataloader)
 
         return _Passes()
 
@@ -199,11 +247,13 @@ class SourceAdapter(_backend.DataAdapter):
         import tensorflow as tf
 
         if self._signature is None:
-            sample = next(iter(self.inner.get_numpy_iterator()))
-            self._signature = keras.tree.map_structure(
-                lambda a: None if a is None else tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)),
-                sample)
-        return tf.data.Dataset.from_generator(lambda: self._open(lambda batch: batch), output_signature=self._signature)
+            # Keras's own dataset for the source says what a batch holds (sparse and nested parts included), and
+            # how tf.data may read it (a PyDataset's workers want no tf.data prefetching past an epoch's end).
+            own = self.inner.get_tf_dataset()
+            self._signature = (own.element_spec, own.options())
+        spec, options = self._signature
+        return tf.data.Dataset.from_generator(lambda: self._open(self.inner.get_tf_dataset),
+                                              output_signature=spec).with_options(options)
 
 
 class SourceDriver(StepDriver):

@@ -245,8 +245,16 @@ def dataset_length(structure: Any) -> int | None:
     return None
 
 
+def is_sparse(a: Any) -> bool:
+    """True for a sparse matrix or tensor (SciPy, ``tf.SparseTensor``, JAX ``BCOO``): Keras's own adapter
+    reads those (kfit's stream gathers dense rows)."""
+    module, name = type(a).__module__, type(a).__name__
+    return (module.startswith("scipy.sparse") or (module.startswith("tensorflow") and name == "SparseTensor")
+            or (module.startswith("jax") and name in ("BCOO", "BCSR")))
+
+
 def is_streamable(x: Any) -> bool:
-    """True when ``x`` is array-like data the stream can read by sample."""
+    """True when ``x`` is array-like data the stream can read by sample (dense: not sparse)."""
     leaves = [leaf for leaf in flatten(x) if leaf is not None]
-    return bool(leaves) and all(_is_array_like(leaf) for leaf in leaves)
+    return bool(leaves) and all(_is_array_like(leaf) and not is_sparse(leaf) for leaf in leaves)
 

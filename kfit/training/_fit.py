@@ -8,6 +8,7 @@ project changes nothing until a kfit feature is used.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import warnings
@@ -22,7 +23,7 @@ from kfit.clock import Clock
 from kfit.data._adapter import StreamAdapter, declared_batches, pack_batch
 from kfit.data._pydataset import PyDatasetStream
 from kfit.data._source import SourceAdapter, SourceDriver, batch_size_of
-from kfit.data._stream import SampleStream, dataset_length, flatten, is_streamable, pack, to_host
+from kfit.data._stream import SampleStream, dataset_length, flatten, is_sparse, is_streamable, pack, to_host
 from kfit.training import _plan, _validation
 from kfit.training._driver import PlanDriver
 from kfit.training._options import FitOptions, size_function
@@ -147,10 +148,42 @@ def fit(
     if isinstance(x, keras.utils.PyDataset):
         if y is not None or sample_weight is not None:
             raise ValueError("With a PyDataset as `x`, `y` and `sample_weight` come from the dataset's batches; pass x only.")
-    elif not is_streamable(x):
+        seekable = getattr(x, "num_batches", 0) is not None  # an endless PyDataset has no sweeps to seek in
+    else:
+        seekable = is_streamable(x)
+        if seekable and _keras_epochs_differ(model, x, options, distributed.size()):
+            # Keras's own epochs on arrays: Keras's adapter reads them, as a source that cannot seek.
+            seekable = False
+            if options.validation_split and validation_data is None:
+                (x, y, sample_weight), validation_data = _split_validation(
+                    to_host(x), to_host(y), to_host(sample_weight), options.validation_split)
+            options = dataclasses.replace(options, validation_split=0.0)
+    if not seekable:
         _check_source_options(x, options, callbacks)
         return _StreamFit(model, x, y, sample_weight, validation_data, callbacks, options, source=True).train()
     return _StreamFit(model, x, y, sample_weight, validation_data, callbacks, options).train()
+
+
+def _keras_epochs_differ(model: Any, x: Any, options: FitOptions, workers: int) -> bool:
+    """True when ``steps_per_epoch`` on arrays gives epochs that kfit's stream cannot reproduce.
+
+    kfit's stream makes every epoch ``steps_per_epoch * batch_size`` samples, across sweeps. Keras ends an
+    epoch early at the end of a sweep, and with ``steps_per_execution`` draws whole executions. The two
+    agree when a sweep is a whole number of epochs and an epoch a whole number of executions; otherwise
+    ``kfit.fit`` trains as ``model.fit`` would, on Keras's own adapter (resume then skips ahead). With a
+    minibatch-size schedule, an ``epoch_size`` or several workers, kfit's epochs are kept.
+    """
+    o = options
+    if o.steps_per_epoch is None or o.epoch_size is not None or o.fixed_minibatch_size is None and o.minibatch_size \
+            is not None or workers > 1:
+        return False
+    n = dataset_length(x)
+    if n is None:
+        return False
+    if o.validation_split:
+        n = int(math.floor(n * (1.0 - o.validation_split)))
+    per_execution = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
+    return n % (o.steps_per_epoch * (o.fixed_minibatch_size or 32)) != 0 or o.steps_per_epoch % per_execution != 0
 
 
 def _check_open(name: str, data: Any) -> None:
@@ -280,12 +313,16 @@ class _RunControl(keras.callbacks.Callback):
         if clock.samples == 0:
             _backend.set_initial_epoch(fit.model, fit.initial_epoch)
             return
-        _backend.set_initial_epoch(fit.model, clock.epoch)
-        spe = fit.source.steps_per_epoch
-        skip = fit.source.resume(clock.samples_in_epoch, clock.samples, clock.minibatches % spe if spe else 0)
-        print(f"kfit: a {type(fit.source.inner).__name__.removesuffix('DataAdapter')} source cannot seek: resuming at "
+        source = fit.source
+        if source.continues and source.steps_per_epoch:
+            epoch, steps_in_epoch = source.position(clock.minibatches)  # Keras's epochs, whatever their sizes
+        else:
+            epoch, steps_in_epoch = clock.epoch, 0
+        _backend.set_initial_epoch(fit.model, epoch)
+        skip = source.resume(clock.samples_in_epoch, clock.samples, steps_in_epoch)
+        print(f"kfit: a {type(source.inner).__name__.removesuffix('DataAdapter')} source cannot seek: resuming at "
               f"sample {clock.samples} by drawing and dropping the first {skip} samples it yields"
-              f"{'' if fit.source.continues else ' in epoch ' + str(clock.epoch)}.", file=sys.stderr)
+              f"{'' if source.continues else ' in epoch ' + str(epoch)}.", file=sys.stderr)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         clock = self.fit.clock
@@ -489,6 +526,10 @@ class _StreamFit:
             first = next(iter(self.source.inner.get_numpy_iterator()))
             # Until a step's batch is read (tf.data reads on its own thread), its size is taken as the first's.
             clock.minibatch_size = clock.minibatch_size or batch_size_of(first)
+            if any(is_sparse(leaf) for leaf in flatten(first)):
+                first = self.source.first_batch()  # Keras's own conversion of sparse inputs
+            else:
+                first = _backend.to_tensors(first)
             return self.source, SourceDriver(self.model, self.source), first, self.fixed_size
         workers = self.stream.num_workers
         adapter = StreamAdapter(
@@ -504,7 +545,7 @@ class _StreamFit:
         else:
             first_size = self.fixed_size or 1
         first = pack_batch(*self.read(clock.samples % max(self.stream.num_samples, 1), max(first_size, workers)))
-        return adapter, PlanDriver(self.model, adapter), first, self.fixed_size or first_size
+        return adapter, PlanDriver(self.model, adapter), _backend.to_tensors(first), self.fixed_size or first_size
 
     def train(self) -> keras.callbacks.History:
         from kfit import distributed
@@ -527,7 +568,7 @@ class _StreamFit:
                 callbacks.append(self.progbar)
             if self.distributed:
                 distributed.prepare_model(model)
-            _backend.build(model, _backend.to_tensors(first))
+            _backend.build(model, first)
             validation_data, sharded = _validation.shard_validation_data(self.validation_data, model,
                                                                          self.validation_steps)
             if sharded:  # first at the epoch end (the lowest order), before _AverageMetrics
