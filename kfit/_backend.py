@@ -208,6 +208,17 @@ def declare_epoch_steps(steps: int) -> None:
         owner._num_batches = max(int(steps), 1)
 
 
+def declare_resumed_epoch_steps(steps: int) -> None:
+    """Tells the ``EpochIterator`` of the running ``model.fit`` that the epoch beginning now (the one a run
+    resumes in, on a source that cannot seek) holds ``steps`` steps, also when ``steps_per_epoch`` was given:
+    its loop stops after them (``_num_batches``), opens its next iterator, and :func:`forget_pass_length`
+    undoes it when the next epoch begins. Called from the adapter's ``on_epoch_begin``. Checked against Keras
+    3.10-3.15."""
+    owner = _running_epoch_iterator()
+    if owner is not None:
+        owner._num_batches = max(int(steps), 1)
+
+
 def forget_pass_length(num_batches: int | None) -> None:
     """Undoes what the ``EpochIterator`` of the running ``model.fit`` concluded when kfit ended a resumed
     epoch early on a source read on across epochs: Keras takes an iterator that ends to be a pass of that
@@ -233,13 +244,21 @@ def _running_epoch_iterator() -> Any:
     return None
 
 
+def average_in_progbar(progbar: Any, name: str) -> None:
+    """Makes ``keras.utils.Progbar`` average the log ``name`` over the epoch. Keras 3.11-3.15's
+    ``ProgbarLogger`` shows every log as it is except the names in ``progbar.stateless_metrics``; Keras 3.10's
+    averages every log not in ``stateful_metrics`` (so ``name`` already is). Checked against Keras 3.10-3.15."""
+    if getattr(progbar, "stateless_metrics", None) is not None:
+        progbar.stateless_metrics.add(name)
+
+
 def global_seed_state() -> np.ndarray | None:
     """The state of Keras's global ``SeedGenerator`` (used by ``keras.random`` ops called without a seed
     generator of their own), or None when none was made. Checked against Keras 3.10-3.15."""
     from keras.src.backend.common import global_state
-    from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
 
-    generator = global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
+    # The global-state key (Keras 3.11+ names it seed_generator.GLOBAL_SEED_GENERATOR; 3.10 spells it out).
+    generator = global_state.get_global_attribute("global_seed_generator")
     if generator is None:
         return None
     return np.array(keras.ops.convert_to_numpy(generator.state.value))

@@ -10,10 +10,12 @@
 # than KFIT_KERAS_SUITE_TIMEOUT seconds (default 60) fails.
 # One pytest run longer than KFIT_KERAS_SUITE_RUN_LIMIT seconds (default 1500) is killed and fails the backend:
 # the per-test limit is a SIGALRM, which a main thread blocked outside Python does not see (seen on torch).
-# KFIT_KERAS_SUITE_SUBSET=ci (the default, what scripts/test.sh runs) leaves out trainer_test.py's
+# KFIT_KERAS_SUITE_SUBSET=ci (the default, what scripts/test.sh and CI run) leaves out trainer_test.py's
 # steps_per_execution step-count tests (test_steps_per_execution_steps_count_*, *_unrolled_steps_*: about a
-# fifth of the time, compile-bound; they pass routed on TensorFlow and JAX); KFIT_KERAS_SUITE_SUBSET=full
-# runs every test. Results (JSON per run, with the first error line
+# fifth of the time, compile-bound; they pass routed on TensorFlow and JAX), and on PyTorch the jit_compile=True
+# tests (names ending in _jit: torch.compile, 20-60 s each on 2 cores, about 40% of that backend's time; the
+# _eager and _non_jit variants of the same tests run); KFIT_KERAS_SUITE_SUBSET=full runs every test. A -k given
+# after -- replaces the subset's. Results (JSON per run, with the first error line
 # of each test) and logs go to $KFIT_KERAS_SUITE_OUT (default: a temporary folder).
 set -euo pipefail
 [ "${KFIT_KERAS_SUITE:-1}" = 0 ] && { echo "Keras suite skipped (KFIT_KERAS_SUITE=0)"; exit 0; }
@@ -34,12 +36,16 @@ backends=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do backends+=("$1"); shift; done
 [ $# -gt 0 ] && shift  # the --; what follows goes to pytest
 [ ${#backends[@]} -gt 0 ] || backends=(tensorflow jax torch)
-subset=()
 case "${KFIT_KERAS_SUITE_SUBSET:-ci}" in
-  ci) subset=(-k "not steps_per_execution_steps_count and not unrolled_steps") ;;
-  full) ;;
+  ci|full) ;;
   *) echo "KFIT_KERAS_SUITE_SUBSET must be ci or full" >&2; exit 2 ;;
 esac
+subset_for() {  # BACKEND: the -k of the CI subset (nothing for the full suite)
+  [ "${KFIT_KERAS_SUITE_SUBSET:-ci}" = ci ] || return 0
+  local k="not steps_per_execution_steps_count and not unrolled_steps"
+  [ "$1" = torch ] && k="$k and not (jit and not non_jit)"
+  printf '%s\n' -k "$k"
+}
 out=${KFIT_KERAS_SUITE_OUT:-$(mktemp -d)}
 mkdir -p "$out"
 
@@ -62,6 +68,7 @@ suite_pytest() {  # BACKEND MODE PYTEST-ARGS...: one pytest run; fails only if p
 
 status=0
 for b in "${backends[@]}"; do
+  mapfile -t subset < <(subset_for "$b")
   suite_pytest "$b" routed "${subset[@]}" "$@" "${files[@]}" || { status=1; continue; }
   if [ "${KFIT_KERAS_SUITE_PLAIN:-failures}" = all ]; then
     suite_pytest "$b" plain "${subset[@]}" "$@" "${files[@]}" || { status=1; continue; }

@@ -91,9 +91,15 @@ class SourceAdapter(_backend.DataAdapter):
         self._limit: int | None = None
         #: The pass being read began where a resumed run skipped to (its epoch is shorter than the source's).
         self._resumed_pass = False
+        #: The steps left in the epoch a run resumes in, when known, for Keras (see :meth:`on_epoch_begin`).
+        self._steps_left: int | None = None
         self._signature: Any = None
         #: Makes an iterable over one pass of the source, in the form Keras asked for (set by ``get_*``).
-        self._passes: Callable[[], Any] = inner.get_numpy_iterator
+        self._passes: Callable[[], Any] = {
+            "tensorflow": inner.get_tf_dataset, "jax": inner.get_jax_iterator, "torch": inner.get_torch_dataloader,
+        }.get(_backend.BACKEND, inner.get_numpy_iterator)
+        #: The epoch's pass, opened when the epoch began (see :meth:`on_epoch_begin`), until Keras asks for it.
+        self._prepared: _ReadAhead | None = None
         #: Steps counted since training began (kept by the driver).
         self.steps = 0
         self.driver: SourceDriver | None = None
@@ -117,16 +123,27 @@ class SourceAdapter(_backend.DataAdapter):
     def on_epoch_begin(self) -> None:
         self.inner.on_epoch_begin()
         current = self._current
-        if self._resumed_pass and current is not None and current.done:
+        if self._resumed_pass:
             # The epoch a run resumed in was cut short by kfit (the samples dropped, or the steps it had left):
             # Keras must not take its length for the source's.
             _backend.forget_pass_length(self.inner.num_batches)
             self._resumed_pass = False
-        if not self.continues or (current is not None and current.exhausted):
-            # Keras opens a new pass for this epoch (on TensorFlow, lazily, once the first step runs).
+        if not self.continues or (current is not None and current.done):
+            # Keras opens a new pass for this epoch (on TensorFlow, lazily, once the first step runs), or, after
+            # the steps a resumed epoch had left, reads on in the same pass.
             self._current = None
             if current is not None and current.exhausted:
                 self._underlying = None
+        if self._current is None:
+            # Opened now, not when Keras first reads it (TensorFlow reads lazily, inside the first step): its first
+            # batch is then read before that step begins, so the clock knows the step's size in time.
+            self._prepared = self._open(self._passes)
+        if self._steps_left is not None:
+            # The epoch a run resumes in holds only the steps it had left: Keras is told, so that it does not try
+            # one more step on the source that has run dry (on TensorFlow such a try still advances the layers'
+            # seed generators: dropout would then differ from the uninterrupted run's).
+            _backend.declare_resumed_epoch_steps(self._steps_left)
+            self._steps_left = None
 
     def on_epoch_end(self) -> None:
         self.inner.on_epoch_end()
@@ -177,12 +194,13 @@ class SourceAdapter(_backend.DataAdapter):
     def _new_pass(self) -> None:
         self._underlying = iter(self._passes())
 
-    def _drop(self, samples: int) -> None:
-        dropped, empty_passes = 0, 0
+    def _drop(self, samples: int) -> int:
+        """Draws and drops ``samples`` samples; returns how many batches of the pass now open it dropped."""
+        dropped, empty_passes, batches = 0, 0, 0
         while dropped < samples:
             try:
                 dropped += batch_size_of(next(self._underlying))
-                empty_passes = 0
+                empty_passes, batches = 0, batches + 1
             except StopIteration:
                 empty_passes += 1
                 if not self.restarts or empty_passes > 1:
@@ -190,21 +208,31 @@ class SourceAdapter(_backend.DataAdapter):
                                      f"{samples} samples the interrupted run had trained on. Resume with the same "
                                      "data.") from None
                 self._new_pass()  # a source that restarts goes on with its next pass
+                batches = 0
+        return batches
 
     def _open(self, passes: Callable[[], Any]) -> _ReadAhead:
         # Keras asks for an iterator at each epoch (or, reading on across epochs, when the last one ended).
         # Batches come from Keras's own adapter in the form this backend's loop reads (its tensors, sparse
         # ones included), so kfit converts nothing.
-        if passes != self._passes:  # (bound methods: equal, never identical)
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and passes == self._passes:  # (bound methods: equal, never identical)
+            return prepared
+        if passes != self._passes:
             self._passes, self._underlying = passes, None
         exhausted = self._current is not None and self._current.exhausted
         if self._underlying is None or not self.continues or exhausted:
             self._new_pass()
         skipped = self._skip
+        dropped_batches = 0
         if skipped:
             self._skip = 0
-            self._drop(skipped)
+            dropped_batches = self._drop(skipped)
         limit, self._limit = self._limit, None
+        if limit is not None:
+            self._steps_left = limit
+        elif skipped and not self.continues and self.inner.num_batches:
+            self._steps_left = self.inner.num_batches - dropped_batches
         self._resumed_pass = self._resumed_pass or bool(skipped and not self.continues) or limit is not None
         self._current = _ReadAhead(self._underlying, limit)
         if skipped and self.restarts and self._current.exhausted and not self._current.sizes:

@@ -301,28 +301,33 @@ class _RunControl(keras.callbacks.Callback):
             _backend.set_initial_epoch(model, fit.num_epochs)  # nothing left to train
             return
         if fit.source is not None:
-            self._resume_source(fit)
-            return
-        _backend.set_initial_epoch(model, clock.epoch)
-        if fit.run.resumed_mid_epoch:
+            mid_epoch = self._resume_source(fit)
+        else:
+            _backend.set_initial_epoch(model, clock.epoch)
+            mid_epoch = fit.run.resumed_mid_epoch
+        if mid_epoch:
             # model.fit resets the metrics when an epoch begins: the restored state is put back then.
             self._metric_values = [keras.ops.convert_to_numpy(v.value) for v in model.metrics_variables]
 
-    def _resume_source(self, fit: _StreamFit) -> None:
+    def _resume_source(self, fit: _StreamFit) -> bool:
+        """Positions a source for the restored clock (by skipping ahead); True when that is mid-epoch."""
         clock = fit.clock
         if clock.samples == 0:
             _backend.set_initial_epoch(fit.model, fit.initial_epoch)
-            return
+            return False
         source = fit.source
         if source.continues and source.steps_per_epoch:
             epoch, steps_in_epoch = source.position(clock.minibatches)  # Keras's epochs, whatever their sizes
+            mid_epoch = steps_in_epoch > 0
         else:
             epoch, steps_in_epoch = clock.epoch, 0
+            mid_epoch = clock.samples_in_epoch > 0
         _backend.set_initial_epoch(fit.model, epoch)
         skip = source.resume(clock.samples_in_epoch, clock.samples, steps_in_epoch)
         print(f"kfit: a {type(source.inner).__name__.removesuffix('DataAdapter')} source cannot seek: resuming at "
               f"sample {clock.samples} by drawing and dropping the first {skip} samples it yields"
               f"{'' if source.continues else ' in epoch ' + str(epoch)}.", file=sys.stderr)
+        return mid_epoch
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         clock = self.fit.clock

@@ -8,6 +8,8 @@ from typing import Any
 
 import keras
 
+from kfit import _backend
+
 SAMPLES_PER_SECOND = "samples/s"
 
 
@@ -35,7 +37,7 @@ class ProgressBar(keras.callbacks.ProgbarLogger):
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         super().on_epoch_begin(epoch, logs)
-        self.progbar.stateless_metrics.add(SAMPLES_PER_SECOND)
+        _backend.average_in_progbar(self.progbar, SAMPLES_PER_SECOND)
         self._started = time.perf_counter()
 
     def _with_rate(self, steps: int, logs: dict | None) -> dict[str, Any]:

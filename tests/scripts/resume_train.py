@@ -5,6 +5,8 @@
 Trains a small model with Dropout (seed-generator state), kfit's MomentumSGD (slots, minibatch-size
 variable), a minibatch-size schedule, a learning-rate schedule callback, ``epoch_size`` apart from the data
 size, and a Checkpoint every 110 samples (mid-epoch, some while the minibatch size changes). With
+``KFIT_RESUME_SOURCE=tf.data|DataLoader|generator`` it trains on that source instead (fixed minibatches of
+16; no minibatch-size schedule, which such a source refuses), resumed by skipping ahead. With
 ``restore=True`` every start resumes from the newest intact checkpoint. Prints one JSON line when training
 starts (what was restored), and on completion writes the final weights, optimizer variables and history to
 RESULT (``.npz`` + ``.json``). The parent test kills this process at random points and restarts it.
@@ -50,6 +52,26 @@ class AnnounceStart(kfit.callbacks.KfitCallback):
         print(json.dumps(line), flush=True)
 
 
+def _source(kind: str, x: np.ndarray, y: np.ndarray) -> tuple:
+    """The same 200 samples in minibatches of 16 (the last of a pass: 8), in the same order at every pass, from
+    a source that batches by itself; and the fit options it needs."""
+    if kind == "tf.data":
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(16), {}
+    if kind == "DataLoader":
+        dataset = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+        return torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=False), {}
+    if kind == "generator":
+        def batches():
+            while True:
+                for start in range(0, len(x), 16):
+                    yield x[start:start + 16], y[start:start + 16]
+
+        return batches(), {"steps_per_epoch": 13}
+    raise ValueError(f"KFIT_RESUME_SOURCE: unknown source {kind!r}")
+
+
 def main(checkpoint_path: str, result_path: str) -> None:
     keras.utils.set_random_seed(1234)
     data = np.random.default_rng(0)
@@ -69,10 +91,15 @@ def main(checkpoint_path: str, result_path: str) -> None:
         checkpoint,
         AnnounceStart(checkpoint),
     ]
-    history = kfit.fit(
-        model, x, y, minibatch_size=kfit.schedules.minibatch_size([16] * 5 + [24], epoch_size=150),
-        epoch_size=150, epochs=16, seed=11, callbacks=callbacks, verbose=0,
-    )
+    source = os.environ.get("KFIT_RESUME_SOURCE", "arrays")
+    if source == "arrays":
+        history = kfit.fit(
+            model, x, y, minibatch_size=kfit.schedules.minibatch_size([16] * 5 + [24], epoch_size=150),
+            epoch_size=150, epochs=16, seed=11, callbacks=callbacks, verbose=0,
+        )
+    else:  # a source that batches by itself: resumed by skipping ahead
+        data, options = _source(source, x, y)
+        history = kfit.fit(model, data, epochs=10, seed=11, callbacks=callbacks, verbose=0, **options)
     arrays = {f"model_{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(model.variables)}
     arrays.update({f"optimizer_{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(model.optimizer.variables)})
     np.savez(result_path + ".npz", **arrays)
