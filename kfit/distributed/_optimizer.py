@@ -15,7 +15,10 @@ gradient ``g_r`` is the mean over its ``n_r`` samples. Under :func:`kfit.fit` th
     g = sum_r(n_r * g_r) / sum_r(n_r)
 
 which is the mean gradient of the whole global minibatch, also when its size does not divide evenly
-among the workers (worker shares differ by one sample). Under plain ``model.fit`` (Horovod's usage),
+among the workers (worker shares differ by one sample). On the JAX engine's in-step path every share is
+padded to the same number of rows ``p`` with zero-weight rows (``kfit/distributed/_jax_engine.py``); the loss,
+a mean over the padded rows, gives ``g_r = sum_i(w_i * grad_i) / p``, so the weight is ``p`` and the divisor the
+global number of real samples: ``g = sum_r(p * g_r) / sum_r(n_r)``, the same mean gradient. Under plain ``model.fit`` (Horovod's usage),
 the workers' gradients are averaged, ``g = mean_r(g_r)``, as Horovod does: each worker's minibatch
 counts equally. Both assume a loss reduced by its mean over the minibatch (Keras's default).
 """
@@ -28,7 +31,7 @@ from typing import Any
 
 import keras
 
-from kfit.distributed import _select
+from kfit.distributed import _engine, _select
 
 
 class Compression:
@@ -100,7 +103,8 @@ def reduce_gradients(grads: list, options: _Options) -> list:
     for k, group in enumerate(groups):
         tensors = [dense[i] for i in group]
         if weighted and k == len(groups) - 1:
-            tensors.append(ops.reshape(ops.cast(count, "float32"), (1,)))
+            real = _engine.step_real_count()  # a padded share: its real samples (see the module docstring)
+            tensors.append(ops.reshape(ops.cast(count if real is None else real, "float32"), (1,)))
         name = options.name if len(groups) == 1 else f"{options.name}.{k}"
         out = _select.current().step_sum(tensors, name, average=average)
         if weighted and k == len(groups) - 1:
@@ -256,4 +260,41 @@ def prepare_model(model: keras.Model) -> None:
         object.__setattr__(model, "train_step", _count_samples(model.train_step))
     if keras.backend.backend() in ("tensorflow", "torch") and model.jit_compile:
         model.jit_compile = False
+    engine = _select.current()
+    if (engine.train_step_function(model, model.train_step) is not None
+            and not getattr(model.make_train_function, "_kfit_in_step", False)):
+        from kfit import _backend
+
+        _backend.replace_train_function(model, lambda train_step: engine.train_step_function(model, train_step))
+        model.make_train_function._kfit_in_step = True
+        _backend.exclude_padding_from_metrics(model, _engine.step_padding, _training_metrics_check(model))
     model.train_function = None
+
+
+def _training_metrics_check(model: keras.Model) -> Any:
+    """``exact()``: True when padding rows can be taken out of ``model``'s training metrics exactly (Keras's own
+    ``train_step`` and ``compute_metrics``, every metric's state a sum over samples); warns once otherwise."""
+    from kfit.distributed import _evaluation
+
+    verdict: list = []
+
+    def exact() -> bool:
+        if not verdict:
+            reason = next((f"the model defines its own {m}" for m in ("train_step", "compute_metrics")
+                           if not _evaluation._defined_by_keras(model, m)), None)
+            if reason is None:
+                leaves = _evaluation.leaf_metrics(model) or []
+                additive = _evaluation._additive_classes()
+                reason = next((f"metric {m.name!r} ({type(m).__name__}) may hold a state that is not a sum over "
+                               "samples" for m in leaves if not isinstance(m, additive)), None)
+            if reason is not None:
+                import warnings
+
+                warnings.warn(
+                    f"kfit's JAX engine pads the workers' shares of a global minibatch that does not divide among "
+                    f"them; the gradient stays exact, but {reason}, so the training metrics of such steps include "
+                    f"the padding rows (the loss's sample count excepted).", stacklevel=2)
+            verdict.append(reason is None)
+        return verdict[0]
+
+    return exact
