@@ -255,12 +255,14 @@ class _ShardedStep:
         size = getattr(clock, "minibatch_size", None)
         return int(size) if size else None
 
-    def prepare(self, state: Any, data: Any) -> tuple:
-        """The global arrays of one step: the state replicated, the padded shares split over the workers."""
+    def prepare(self, state: Any, data: Any, total: int | None = None) -> tuple:
+        """The global arrays of one step (the arguments of :attr:`jitted`): the state replicated, the shares
+        padded and split over the workers, and each share's real sample count. ``total``: the global minibatch
+        (default: the run's ``clock.minibatch_size``)."""
         import jax
 
         n = _rows(data)
-        total = self.global_minibatch()
+        total = total or self.global_minibatch()
         rows = -(-total // self.size) if total else n
         if total is None or not rows - 1 <= n <= rows:
             raise ValueError(

@@ -183,7 +183,8 @@ def DistributedOptimizer(
     Horovod fuses into one buffer: the mean gradient of all workers' samples (see the module docstring
     for how uneven shares are weighted under ``kfit.fit``). On TensorFlow the allreduce is an op of the
     traced step, which therefore cannot be XLA-compiled: compile with ``jit_compile=False`` (``kfit.fit``
-    does it). On JAX the jitted step calls the host with ``jax.experimental.io_callback`` (both engines).
+    does it). On JAX the jitted step calls the host with ``jax.experimental.io_callback`` (Horovod, and the
+    native engine under plain ``model.fit``); under ``kfit.fit`` the native JAX engine sums inside the step (``psum``).
 
     Args:
         optimizer: a ``keras.optimizers.Optimizer`` (Keras's, kfit's, or a ``LossScaleOptimizer``).
