@@ -51,6 +51,10 @@ def _start_native_jax_engine_early() -> None:
 
     if "RANK" not in os.environ or os.environ.get("WORLD_SIZE", "1").strip() in ("", "1"):
         return
+    if os.environ.get("KERAS_BACKEND", "jax").strip().lower() != "jax":
+        return  # (the backend may also come from keras.json: _select.start_early checks the one Keras uses)
+    if os.environ.get("KFIT_ENGINE", "").strip().lower() not in ("", "native"):
+        return
     from kfit.distributed import _select
 
     _select.start_early()

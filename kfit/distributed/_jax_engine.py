@@ -162,13 +162,9 @@ class JaxEngine(TorchEngine):
 
     # -- the step ------------------------------------------------------------------------------------------
     def step_sum(self, tensors: list, name: str, average: bool = False) -> list:
-        import jax
 
         if getattr(_tracing, "in_step", False):
-            out = jax.lax.psum(list(tensors), AXIS)
-            if average:
-                out = [o / self.size() for o in out]
-            return list(out)
+            return _flat_psum(list(tensors), self.size() if average else None)
         return self._host_step_sum(tensors, name, average)
 
     def _host_step_sum(self, tensors: list, name: str, average: bool) -> list:
@@ -189,10 +185,62 @@ class JaxEngine(TorchEngine):
 
         return list(io_callback(reduce_on_host, shapes, *tensors, ordered=True))
 
+    def step_sum_function(self) -> Any:
+        """``f(arrays) -> sums``: this worker's single-device arrays summed over the workers by the in-step route
+        alone (one compiled ``shard_map`` program whose psum is the train step's), for measurements
+        (``benchmarks/scaling.py``). In host mode, the io_callback route in a jitted function."""
+        import jax
+
+        if not self.in_step:
+            return jax.jit(lambda arrays: self.step_sum(list(arrays), "kfit.measure"))
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        def body(arrays: Any) -> Any:
+            _tracing.in_step = True
+            try:
+                return self.step_sum(list(arrays), "kfit.measure")
+            finally:
+                _tracing.in_step = False
+
+        summed = jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=P(), out_specs=P(), check_vma=False))
+        replicated, device = NamedSharding(self.mesh, P()), jax.local_devices()[0]
+
+        def run(arrays: Any) -> list:
+            inputs = [jax.make_array_from_single_device_arrays(np.shape(a), replicated, [jax.device_put(a, device)])
+                      for a in arrays]
+            return [o.addressable_data(0) for o in summed(inputs)]
+
+        return run
+
     def train_step_function(self, model: Any, train_step: Any) -> Any:
         if not self.in_step:
             return None
         return _ShardedStep(self, model, train_step)
+
+
+def _flat_psum(tensors: list, divide_by: int | None) -> list:
+    """``jax.lax.psum`` over the workers, one flat buffer per dtype (one all-reduce each: on CPU Gloo, several
+    small all-reduces cost several times one of their total size)."""
+    import jax
+    import jax.numpy as jnp
+
+    groups: dict[Any, list[int]] = {}
+    for i, tensor in enumerate(tensors):
+        groups.setdefault(jnp.dtype(tensor.dtype), []).append(i)
+    out: list[Any] = [None] * len(tensors)
+    for indices in groups.values():
+        flat = jnp.concatenate([jnp.ravel(tensors[i]) for i in indices]) if len(indices) > 1 else \
+            jnp.ravel(tensors[indices[0]])
+        flat = jax.lax.psum(flat, AXIS)
+        if divide_by is not None:
+            flat = flat / divide_by
+        offset = 0
+        for i in indices:
+            size = int(np.prod(tensors[i].shape))
+            out[i] = jnp.reshape(flat[offset:offset + size], tensors[i].shape)
+            offset += size
+    return out
 
 
 class _MarkFailure:
