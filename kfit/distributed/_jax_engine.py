@@ -261,8 +261,8 @@ class _MarkFailure:
 class _ShardedStep:
     """``step(state, data) -> (logs, state)``: the model's train step under ``jax.shard_map`` over the workers.
 
-    ``data`` is this worker's share (process-local arrays); its global minibatch is read from the run's clock
-    (``clock.minibatch_size``, set before the step by kfit's driver), which gives the padded share size.
+    ``data`` is this worker's share (process-local arrays); its global minibatch, planned before the step by
+    kfit's driver (:meth:`global_minibatch`), gives the padded share size.
     """
 
     def __init__(self, engine: JaxEngine, model: Any, train_step: Any) -> None:
@@ -276,6 +276,8 @@ class _ShardedStep:
         self.device = jax.local_devices()[0]
         self.replicated = NamedSharding(engine.mesh, P())
         self.split = NamedSharding(engine.mesh, P(AXIS))
+        self._pending: list | None = None  # the driver's planned sizes of the current execution, and the next one
+        self._next = 0
 
         def body(state: Any, data: Any, real: Any) -> Any:
             rows = _rows(data)
@@ -296,11 +298,19 @@ class _ShardedStep:
         self.jitted = jax.jit(sharded, donate_argnums=0)
 
     def global_minibatch(self) -> int | None:
+        """The global minibatch of the step about to run: the run's driver planned the sizes of the steps of
+        Keras's execution (several with ``steps_per_execution``), called here in order; else the clock's."""
         from kfit._run import current_run
 
         run = current_run(self.model)
-        clock = getattr(run, "clock", None)
-        size = getattr(clock, "minibatch_size", None)
+        pending = getattr(getattr(run, "driver", None), "pending", None)
+        if pending:
+            if pending is not self._pending:
+                self._pending, self._next = pending, 0
+            if self._next < len(pending):
+                self._next += 1
+                return int(pending[self._next - 1])
+        size = getattr(getattr(run, "clock", None), "minibatch_size", None)
         return int(size) if size else None
 
     def prepare(self, state: Any, data: Any, total: int | None = None) -> tuple:
