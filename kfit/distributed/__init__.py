@@ -65,8 +65,9 @@ def init() -> None:
 
     Calling it is optional (kfit starts the engine on first use), but a Horovod script calls ``hvd.init()``
     first, and the ported one may keep the call. On a CUDA machine under the native PyTorch engine, call it
-    before building the model: it makes ``cuda:LOCAL_RANK`` this process's GPU. Without a launcher (and
-    with ``KFIT_ENGINE=none``) it does nothing.
+    before building the model: it makes ``cuda:LOCAL_RANK`` this process's GPU. On JAX the native engine starts
+    when kfit is imported (``jax.distributed`` must start before JAX runs anything): import kfit before building
+    the model. Without a launcher (and with ``KFIT_ENGINE=none``) it does nothing.
 
     Raises:
         ImportError: the chosen engine is not installed (Horovod: run ``bash scripts/install_horovod.sh``).
