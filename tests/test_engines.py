@@ -237,6 +237,24 @@ def test_the_jax_engines_gradient_sum_is_an_all_reduce_inside_the_compiled_step(
         assert info["hlo_callbacks"] == []  # no io_callback: the gradients never visit the host
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="the JAX engine's padding")
+def test_a_share_is_padded_with_copies_of_its_last_row_of_weight_zero():
+    from kfit.distributed._jax_engine import pad_share
+
+    x = {"a": np.arange(6, dtype="float32").reshape(3, 2), "b": np.arange(3, dtype="float32")}
+    y = np.array([1.0, 2.0, 3.0], "float32")
+    x2, y2, w2 = pad_share((x, y), 4, weights=True)
+    np.testing.assert_array_equal(x2["a"], [[0, 1], [2, 3], [4, 5], [4, 5]])
+    np.testing.assert_array_equal(x2["b"], [0, 1, 2, 2])
+    np.testing.assert_array_equal(y2, [1, 2, 3, 3])
+    np.testing.assert_array_equal(w2, [1, 1, 1, 0])
+    _, _, w3 = pad_share((x, y, np.array([0.5, 0.0, 2.0], "float32")), 4, weights=True)
+    np.testing.assert_array_equal(w3, [0.5, 0.0, 2.0, 0.0])  # a user's zero weight stays a real row
+    _, _, w4 = pad_share((x, y), 3, weights=True)  # the longer share of an uneven step: weights, no padding
+    np.testing.assert_array_equal(w4, [1, 1, 1])
+    assert pad_share((x, y), 3, weights=False) == (x, y)  # an even step: the batch as it is
+
+
 # -- failures and resumption ---------------------------------------------------------------------------------
 @native_only
 def test_a_killed_worker_ends_the_job_within_seconds_without_a_launcher(jobs):
