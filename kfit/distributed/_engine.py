@@ -85,6 +85,10 @@ class Engine(abc.ABC):
             average: divide the sums by the number of workers.
         """
 
+    def trains_in_step(self) -> bool:
+        """True when the engine builds kfit.fit's train step itself (:meth:`train_step_function`)."""
+        return False
+
     def train_step_function(self, model: Any, train_step: Any) -> Any:
         """The function ``step(state, data) -> (logs, state)`` that trains one step of ``model`` on this engine,
         or None to let Keras compile ``train_step`` as usual (every engine but the JAX in-step one)."""

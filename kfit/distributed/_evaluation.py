@@ -71,7 +71,17 @@ def why_not_sharded(model: Any) -> str | None:
     Sharded: Keras's own ``test_step`` and ``compute_metrics``, and every metric an instance of a Keras metric
     class whose state is a sum over samples (see the module). Anything else is evaluated whole on every worker.
     """
-    for method in ("test_step", "compute_metrics"):
+    return _why_not_additive(model, ("test_step", "compute_metrics"))
+
+
+def why_training_metrics_not_additive(model: Any) -> str | None:
+    """None when ``model``'s training metrics are sums over samples updated by Keras's own ``train_step`` and
+    ``compute_metrics`` (the JAX engine can then take padding rows out of them exactly), else the reason."""
+    return _why_not_additive(model, ("train_step", "compute_metrics"))
+
+
+def _why_not_additive(model: Any, methods: tuple[str, ...]) -> str | None:
+    for method in methods:
         if not _defined_by_keras(model, method):
             return f"the model defines its own {method}"
     leaves = leaf_metrics(model)

@@ -213,6 +213,9 @@ class JaxEngine(TorchEngine):
 
         return run
 
+    def trains_in_step(self) -> bool:
+        return self.in_step
+
     def train_step_function(self, model: Any, train_step: Any) -> Any:
         if not self.in_step:
             return None

@@ -17,10 +17,10 @@ gradient ``g_r`` is the mean over its ``n_r`` samples. Under :func:`kfit.fit` th
 which is the mean gradient of the whole global minibatch, also when its size does not divide evenly
 among the workers (worker shares differ by one sample). On the JAX engine's in-step path every share is
 padded to the same number of rows ``p`` with zero-weight rows (``kfit/distributed/_jax_engine.py``); the loss,
-a mean over the padded rows, gives ``g_r = sum_i(w_i * grad_i) / p``, so the weight is ``p`` and the divisor the
-global number of real samples: ``g = sum_r(p * g_r) / sum_r(n_r)``, the same mean gradient. Under plain ``model.fit`` (Horovod's usage),
-the workers' gradients are averaged, ``g = mean_r(g_r)``, as Horovod does: each worker's minibatch
-counts equally. Both assume a loss reduced by its mean over the minibatch (Keras's default).
+a mean over the padded rows, gives ``g_r = sum_i(w_i * grad_i) / p``, so the weight is ``p`` and the divisor
+the global number of real samples: ``g = sum_r(p * g_r) / sum_r(n_r)``, the same mean gradient.
+Under plain ``model.fit`` (Horovod's usage), the workers' gradients are averaged, ``g = mean_r(g_r)``, as
+Horovod does: each worker's minibatch counts equally. Both assume a loss reduced by its mean over the minibatch (Keras's default).
 """
 
 from __future__ import annotations
@@ -262,8 +262,7 @@ def prepare_model(model: keras.Model) -> None:
     if keras.backend.backend() in ("tensorflow", "torch") and model.jit_compile:
         model.jit_compile = False
     engine = _select.current()
-    if (engine.train_step_function(model, model.train_step) is not None
-            and not getattr(model.make_train_function, "_kfit_in_step", False)):
+    if engine.trains_in_step() and not getattr(model.make_train_function, "_kfit_in_step", False):
         from kfit import _backend
 
         _backend.replace_train_function(model, lambda train_step: engine.train_step_function(model, train_step))
@@ -273,21 +272,15 @@ def prepare_model(model: keras.Model) -> None:
 
 
 def _training_metrics_check(model: keras.Model) -> Any:
-    """``exact()``: True when padding rows can be taken out of ``model``'s training metrics exactly (Keras's own
-    ``train_step`` and ``compute_metrics``, every metric's state a sum over samples); warns once otherwise."""
+    """``exact()``: True when padding rows can be taken out of ``model``'s training metrics exactly; warns once
+    otherwise (asked when the step is first traced, once the metrics are built)."""
     from kfit.distributed import _evaluation
 
     verdict: list = []
 
     def exact() -> bool:
         if not verdict:
-            reason = next((f"the model defines its own {m}" for m in ("train_step", "compute_metrics")
-                           if not _evaluation._defined_by_keras(model, m)), None)
-            if reason is None:
-                leaves = _evaluation.leaf_metrics(model) or []
-                additive = _evaluation._additive_classes()
-                reason = next((f"metric {m.name!r} ({type(m).__name__}) may hold a state that is not a sum over "
-                               "samples" for m in leaves if not isinstance(m, additive)), None)
+            reason = _evaluation.why_training_metrics_not_additive(model)
             if reason is not None:
                 import warnings
 
