@@ -178,19 +178,21 @@ def replace_train_function(model: Any, make_step: Callable[[Any], Callable]) -> 
     object.__setattr__(model, "make_train_function", make_train_function)
 
 
-def exclude_padding_from_metrics(model: Any, padding: Callable[[], Any], exact_metrics: Callable[[], bool]) -> None:
+def exclude_padding_from_metrics(model: Any, padding: Callable[[], Any],
+                                 metrics_split: Callable[[], tuple[list, list] | None]) -> None:
     """Takes padding rows out of the training metrics of a step that trains on a padded batch (JAX engine).
 
     ``padding()`` gives, while a step is traced, the number of padding rows at the end of the batch (a traced
     scalar: rows that are copies of the batch's last real row, with sample weight 0), else None. Keras's JAX
     ``train_step`` updates the loss tracker (``Mean`` of the minibatch loss weighted by the batch's rows: its
     ``count`` grows by the padding rows too) and then calls ``compute_metrics`` inside the ``StatelessScope``
-    of the metric variables; ``compute_metrics`` is wrapped here. When ``exact_metrics()`` (every metric's state
-    is a sum over samples, Keras's own ``compute_metrics``), the contribution of the padding rows, which is
-    ``padding`` times that of the last row, is measured by updating the metrics once more on the last row and
-    taken out; the loss tracker's count loses the padding rows. The loss tracker's total needs nothing: a
-    zero-weight row adds 0. ``_loss_tracker``, its ``count``, the call order inside ``train_step`` and the
-    stateless scope are Keras internals, checked against Keras 3.15.
+    of the metric variables; ``compute_metrics`` is wrapped here. The loss tracker's count loses the padding rows
+    (its total needs nothing: a zero-weight row adds 0). ``metrics_split()`` gives the compiled metrics as
+    ``(additive, other)`` (None: a model's own ``train_step`` or ``compute_metrics``, left as they are): the
+    contribution of the padding rows to an additive metric (its state a sum over samples), ``padding`` times that
+    of the last row, is measured by updating the metrics once more on the last row and taken out; the other
+    metrics keep their state of the padded batch. ``_loss_tracker``, its ``count``, the call order inside
+    ``train_step`` and the stateless scope are Keras internals, checked against Keras 3.15.
     """
     original = model.compute_metrics
 
@@ -203,19 +205,24 @@ def exclude_padding_from_metrics(model: Any, padding: Callable[[], Any], exact_m
         tracker = getattr(model, "_loss_tracker", None)
         if tracker is not None and isinstance(getattr(tracker, "count", None), keras.Variable):
             tracker.count.assign(tracker.count.value - ops.cast(pad, tracker.count.dtype))
-        if not exact_metrics():
+        split = metrics_split()
+        if split is None:
             return logs
-        variables = [v for v in model.metrics_variables
-                     if tracker is None or all(v is not t for t in tracker.variables)]
-        after = [v.value for v in variables]
+        additive, other = split
+        corrected = [v for m in additive for v in m.variables]
+        kept = [v for m in other for v in m.variables]
+        after = [v.value for v in corrected + kept]
 
         def last(structure: Any) -> Any:
             return keras.tree.map_structure(lambda a: None if a is None else a[-1:], structure)
 
-        original(last(x), last(y), last(y_pred), last(sample_weight))
-        for variable, value in zip(variables, after):
+        if corrected:
+            original(last(x), last(y), last(y_pred), last(sample_weight))
+        for variable, value in zip(corrected, after):
             once_more = variable.value
             variable.assign(value - ops.cast(pad, variable.dtype) * (once_more - value))
+        for variable, value in zip(kept, after[len(corrected):]):
+            variable.assign(value)
         return model.get_metrics_result()
 
     object.__setattr__(model, "compute_metrics", compute_metrics)

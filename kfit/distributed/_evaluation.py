@@ -74,10 +74,15 @@ def why_not_sharded(model: Any) -> str | None:
     return _why_not_additive(model, ("test_step", "compute_metrics"))
 
 
-def why_training_metrics_not_additive(model: Any) -> str | None:
-    """None when ``model``'s training metrics are sums over samples updated by Keras's own ``train_step`` and
-    ``compute_metrics`` (the JAX engine can then take padding rows out of them exactly), else the reason."""
-    return _why_not_additive(model, ("train_step", "compute_metrics"))
+def training_metrics_split(model: Any) -> tuple[list, list] | None:
+    """``(additive, other)``: ``model``'s metrics whose state is a sum over samples and the rest, when Keras's own
+    ``train_step`` and ``compute_metrics`` update them (the JAX engine can then take padding rows out of the
+    additive ones exactly); None for a model with its own ``train_step`` or ``compute_metrics``."""
+    if not all(_defined_by_keras(model, m) for m in ("train_step", "compute_metrics")):
+        return None
+    additive = _additive_classes()
+    leaves = leaf_metrics(model) or []
+    return [m for m in leaves if isinstance(m, additive)], [m for m in leaves if not isinstance(m, additive)]
 
 
 def _why_not_additive(model: Any, methods: tuple[str, ...]) -> str | None:

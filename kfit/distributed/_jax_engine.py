@@ -25,15 +25,17 @@ stays exact (equal to one process up to the float summation order):
 * the gradient: Keras's default loss reduction (``sum_over_batch_size``) divides by the rows of the padded
   share, padding included, so the optimizer weights each worker's gradient by its padded row count and divides
   the sum by the global number of real samples (``kfit/distributed/_optimizer.py``);
-* the loss tracker (its count is corrected by the padding rows) and every compiled metric whose state is a sum
-  over samples (the rule of sharded evaluation, ``_evaluation.why_not_sharded``, with Keras's own
-  ``compute_metrics``): the contribution of the padding rows (copies of one row) is computed and taken out
-  (``kfit/_backend.py:exclude_padding_from_metrics``), so the logs and the epoch metrics are the unpadded ones.
+* the loss tracker (its count is corrected by the padding rows) and every metric whose state is a sum over
+  samples (the Keras classes of sharded evaluation, ``_evaluation.training_metrics_split``), updated by Keras's
+  own ``train_step`` and ``compute_metrics``: the contribution of the padding rows (copies of one row) is
+  computed and taken out (``kfit/_backend.py:exclude_padding_from_metrics``), so the step's logs and the epoch
+  metrics are the unpadded ones (checked to 1e-5 against one process by ``tests/test_engines.py``).
 
 Not exact with padding: layers with batch statistics (``BatchNormalization`` in training mode sees the
-padding row), a model's own ``compute_metrics`` or a metric with another kind of state (its training value
-includes the padding rows; kfit warns once), a loss with another reduction than the mean over the minibatch.
-A step whose global minibatch divides among the workers is not padded at all.
+padding row); the training value of a metric with another kind of state, or of every metric of a model with its
+own ``train_step`` or ``compute_metrics`` (it includes the padding rows; kfit warns once, naming it); per-output
+loss metrics of a multi-output model (not tried); a loss with another reduction than the mean over the
+minibatch (then the gradient too). A step whose global minibatch divides among the workers is not padded.
 
 The train step is built by :meth:`JaxEngine.train_step_function` for :func:`kfit.fit` (its step knows the
 global minibatch, hence the padded share). The state stays process-local between steps (Keras's loop, kfit's

@@ -272,23 +272,29 @@ def prepare_model(model: keras.Model) -> None:
 
 
 def _training_metrics_check(model: keras.Model) -> Any:
-    """``exact()``: True when padding rows can be taken out of ``model``'s training metrics exactly; warns once
-    otherwise (asked when the step is first traced, once the metrics are built)."""
+    """``split()``: the model's training metrics as ``(additive, other)``, or None (see
+    ``_evaluation.training_metrics_split``); asked when the step is first traced (the metrics are built then), and
+    warns once when padding rows stay in some training metric."""
     from kfit.distributed import _evaluation
 
     verdict: list = []
 
-    def exact() -> bool:
+    def split() -> tuple[list, list] | None:
         if not verdict:
-            reason = _evaluation.why_training_metrics_not_additive(model)
+            found = _evaluation.training_metrics_split(model)
+            if found is None:
+                reason = "the model defines its own train_step or compute_metrics"
+            else:
+                reason = ", ".join(f"metric {m.name!r} ({type(m).__name__}) may hold a state that is not a sum over "
+                                   "samples" for m in found[1]) or None
             if reason is not None:
                 import warnings
 
                 warnings.warn(
                     f"kfit's JAX engine pads the workers' shares of a global minibatch that does not divide among "
-                    f"them; the gradient stays exact, but {reason}, so the training metrics of such steps include "
-                    f"the padding rows (the loss's sample count excepted).", stacklevel=2)
-            verdict.append(reason is None)
+                    f"them; the gradient stays exact, but {reason}, so the training values of such steps include "
+                    f"the padding rows there.", stacklevel=2)
+            verdict.append(found)
         return verdict[0]
 
-    return exact
+    return split
