@@ -458,7 +458,8 @@ def _host(address: str) -> str:
 def _leave_at_once_after_an_error() -> None:
     """At exit after an error (a lost peer, or any exception that ended the script): leave now. JAX's shutdown
     would wait in a barrier for every worker, up to its heartbeat timeout, for peers that may be gone."""
-    if _failed.is_set() or getattr(sys, "last_value", None) is not None:
+    ended_by_an_error = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)  # 3.12+ / 3.11
+    if _failed.is_set() or ended_by_an_error is not None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
