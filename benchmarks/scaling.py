@@ -17,8 +17,9 @@ prints the training throughput (samples per second over the timed steps, after w
 the step), the scaling efficiency ``throughput(2) / (2 * throughput(1))`` and the share of the machine's own
 two-process throughput that the engine reaches, and, measured in the two-worker
 job, the cost of one fused allreduce of the model's gradients: through the route the train step uses
-(TensorFlow: the Horovod op in a ``tf.function``; PyTorch: the engine's collective on the tensors; JAX:
-``io_callback`` from a jitted function into the engine), the same allreduce called directly on host arrays, and
+(TensorFlow: the Horovod op in a ``tf.function``; PyTorch: the engine's collective on the tensors; JAX: the
+native engine's psum in a compiled ``shard_map`` program, or ``io_callback`` from a jitted function into the
+engine for Horovod and ``native-host``, i.e. ``KFIT_JAX_COLLECTIVES=host``), the same allreduce called directly on host arrays, and
 the per-step stop-flag allreduce. Every process gets one thread (OMP, TensorFlow, XLA, torch).
 
 The default model is a small CNN on 32x32x3 inputs (80 K parameters, 0.3 MB of gradients, about 0.1 GFLOP
@@ -150,7 +151,10 @@ def allreduce_costs(model, repeats: int) -> dict:
         import jax
 
         arrays = [jax.numpy.asarray(a) for a in host]
-        step = jax.jit(lambda ts: engine.step_sum(list(ts), "bench.route"))
+        if hasattr(engine, "step_sum_function"):  # the native engine: in the step (psum) or io_callback
+            step = engine.step_sum_function()
+        else:  # Horovod: io_callback
+            step = jax.jit(lambda ts: engine.step_sum(list(ts), "bench.route"))
         route = timed(lambda: jax.block_until_ready(step(arrays)))
     else:
         import torch
@@ -166,9 +170,9 @@ def allreduce_costs(model, repeats: int) -> dict:
 
 
 # -- the driver ------------------------------------------------------------------------------------------
-def run(command: list, backend: str, copies: int = 1) -> list[dict]:
+def run(command: list, backend: str, copies: int = 1, extra_env: dict | None = None) -> list[dict]:
     """Runs ``copies`` instances of ``command`` at once; returns their results."""
-    env = dict(os.environ, KERAS_BACKEND=backend, **THREADS)
+    env = dict(os.environ, KERAS_BACKEND=backend, **THREADS, **(extra_env or {}))
     processes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for _ in range(copies)]
     results = []
@@ -185,7 +189,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", action="store_true", help="run one worker (internal)")
     parser.add_argument("--backends", default=",".join(BACKENDS))
-    parser.add_argument("--engines", default="horovod,native", help="engines to run two workers on")
+    parser.add_argument("--engines", default="horovod,native,native-host",
+                        help="engines to run two workers on (native-host: JAX's native engine with "
+                             "KFIT_JAX_COLLECTIVES=host, the gradients through io_callback, for comparison)")
     parser.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
     parser.add_argument("--batch", type=int, default=64, help="samples per worker per step")
     parser.add_argument("--steps", type=int, default=15, help="timed steps")
@@ -202,21 +208,26 @@ def main() -> None:
         "horovod": [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2"] + me,
         "native": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] + me[1:],
     }
+    launchers["native-host"] = launchers["native"]
+    engine_env = {"native-host": {"KFIT_JAX_COLLECTIVES": "host"}}
     engines = [e for e in args.engines.split(",") if e in launchers]
     env_text = " ".join(f"{k}={v!r}" if " " in v else f"{k}={v}" for k, v in THREADS.items())
     print("Commands (each with KERAS_BACKEND=<backend> and", env_text + "):")
     print("  one worker:  " + " ".join(me))
     for engine in engines:
-        print(f"  two workers ({engine}): " + " ".join(launchers[engine]))
+        prefix = " ".join(f"{k}={v}" for k, v in engine_env.get(engine, {}).items())
+        print(f"  two workers ({engine}): " + (prefix + " " if prefix else "") + " ".join(launchers[engine]))
     rows = []
     started = time.perf_counter()
     for backend in args.backends.split(","):
         (one,) = run(me, backend)
         independent = sum(r["throughput"] for r in run(me, backend, copies=2))
         for engine in engines:
-            if engine == "native" and backend == "tensorflow":
+            if engine.startswith("native") and backend == "tensorflow":
                 continue  # Horovod is TensorFlow's engine
-            (pair,) = run(launchers[engine], backend)
+            if engine == "native-host" and backend != "jax":
+                continue  # only JAX's native engine has two routes
+            (pair,) = run(launchers[engine], backend, extra_env=engine_env.get(engine))
             efficiency = pair["throughput"] / (2 * one["throughput"])
             rows.append((backend, engine, one, pair, efficiency))
             print(
@@ -234,8 +245,9 @@ def main() -> None:
           f"step, {args.steps} timed steps after {args.warmup}; total {time.perf_counter() - started:.0f} s")
     for backend, engine, _, pair, _ in rows:
         if backend == "jax":
-            print(f"JAX io_callback cost per step ({engine}): {pair['allreduce_route_ms'] - pair['allreduce_host_ms']:+.2f} ms "
-                  "(in-step route minus the same allreduce on host arrays)")
+            route = "psum in the compiled step" if engine == "native" else "io_callback"
+            print(f"JAX route ({engine}: {route}) minus the same allreduce on host arrays: "
+                  f"{pair['allreduce_route_ms'] - pair['allreduce_host_ms']:+.2f} ms per step")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,26 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __g
     from kfit.training import EpochSummary, Run, fit, get_context  # noqa: F401
 
 
+def _start_native_jax_engine_early() -> None:
+    """Under a torchrun-style launcher on the JAX backend, the native engine starts ``jax.distributed``, which
+    must happen before JAX runs anything (before a model is built): kfit starts it when it is imported. Without
+    a launcher (no ``RANK``/``WORLD_SIZE`` of several workers) nothing is imported here."""
+    import os
+
+    if "RANK" not in os.environ or os.environ.get("WORLD_SIZE", "1").strip() in ("", "1"):
+        return
+    if os.environ.get("KERAS_BACKEND", "jax").strip().lower() != "jax":
+        return  # (the backend may also come from keras.json: _select.start_early checks the one Keras uses)
+    if os.environ.get("KFIT_ENGINE", "").strip().lower() not in ("", "native"):
+        return
+    from kfit.distributed import _select
+
+    _select.start_early()
+
+
+_start_native_jax_engine_early()
+
+
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f"kfit.{name}")

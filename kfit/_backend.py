@@ -160,6 +160,74 @@ def before_empty_step(model: Any) -> None:
         }
 
 
+def replace_train_function(model: Any, make_step: Callable[[Any], Callable]) -> None:
+    """Makes ``model.fit`` (JAX) train with ``make_step(model.train_step)`` instead of ``jax.jit(train_step)``.
+
+    ``make_step(train_step)`` returns ``step(state, data) -> (logs, state)``, called as Keras calls its jitted
+    step; Keras's ``_make_function`` still drives it (``steps_per_execution``). The model's
+    ``make_train_function`` is replaced on the instance (``model.fit`` calls it before ``on_train_begin``).
+    ``make_train_function(force)``, ``_make_function(step)`` and ``train_function(state, iterator)`` are
+    Keras internals, checked against Keras 3.15.
+    """
+
+    def make_train_function(force: bool = False) -> None:
+        if model.train_function is not None and not force:
+            return
+        model.train_function = model._make_function(make_step(model.train_step))
+
+    object.__setattr__(model, "make_train_function", make_train_function)
+
+
+def exclude_padding_from_metrics(model: Any, padding: Callable[[], Any],
+                                 metrics_split: Callable[[], tuple[list, list] | None]) -> None:
+    """Takes padding rows out of the training metrics of a step that trains on a padded batch (JAX engine).
+
+    ``padding()`` gives, while a step is traced, the number of padding rows at the end of the batch (a traced
+    scalar: rows that are copies of the batch's last real row, with sample weight 0), else None. Keras's JAX
+    ``train_step`` updates the loss tracker (``Mean`` of the minibatch loss weighted by the batch's rows: its
+    ``count`` grows by the padding rows too) and then calls ``compute_metrics`` inside the ``StatelessScope``
+    of the metric variables; ``compute_metrics`` is wrapped here. The loss tracker's count loses the padding rows
+    (its total needs nothing: a zero-weight row adds 0). ``metrics_split()`` gives the compiled metrics as
+    ``(additive, other)`` (None: a model's own ``train_step`` or ``compute_metrics``, left as they are): the
+    contribution of the padding rows to an additive metric (its state a sum over samples), ``padding`` times that
+    of the last row, is measured by updating the metrics once more on the last row and taken out; the other
+    metrics keep their state of the padded batch. ``_loss_tracker``, its ``count``, the call order inside
+    ``train_step`` and the stateless scope are Keras internals, checked against Keras 3.15.
+    """
+    original = model.compute_metrics
+
+    def compute_metrics(x: Any, y: Any, y_pred: Any, sample_weight: Any = None) -> Any:
+        pad = padding()
+        logs = original(x, y, y_pred, sample_weight)
+        if pad is None:
+            return logs
+        ops = keras.ops
+        tracker = getattr(model, "_loss_tracker", None)
+        if tracker is not None and isinstance(getattr(tracker, "count", None), keras.Variable):
+            tracker.count.assign(tracker.count.value - ops.cast(pad, tracker.count.dtype))
+        split = metrics_split()
+        if split is None:
+            return logs
+        additive, other = split
+        corrected = [v for m in additive for v in m.variables]
+        kept = [v for m in other for v in m.variables]
+        after = [v.value for v in corrected + kept]
+
+        def last(structure: Any) -> Any:
+            return keras.tree.map_structure(lambda a: None if a is None else a[-1:], structure)
+
+        if corrected:
+            original(last(x), last(y), last(y_pred), last(sample_weight))
+        for variable, value in zip(corrected, after):
+            once_more = variable.value
+            variable.assign(value - ops.cast(pad, variable.dtype) * (once_more - value))
+        for variable, value in zip(kept, after[len(corrected):]):
+            variable.assign(value)
+        return model.get_metrics_result()
+
+    object.__setattr__(model, "compute_metrics", compute_metrics)
+
+
 def build(model: Any, batch: Any) -> None:
     """Builds the model, its metrics and its optimizer from one batch (as ``model.fit`` would on its first
     step), so that a checkpoint restored when training begins finds every variable.

@@ -1,4 +1,4 @@
-"""kfit.distributed's engines: choosing one, and the native PyTorch engine (``torch.distributed``) at work.
+"""kfit.distributed's engines: choosing one, and the native engines (``torch.distributed``, ``jax.distributed``) at work.
 
 The native tests launch real workers on loopback, with the backend of this pytest run and one thread each:
 
@@ -8,6 +8,8 @@ The native tests launch real workers on loopback, with the backend of this pytes
 * ``engine_scripts/scenarios.py`` under ``python -m torch.distributed.run --standalone --nproc_per_node 2``:
   the engine's own collectives, then the Horovod scenarios unchanged (data-parallel ``kfit.fit``, stops,
   plain ``model.fit`` with Horovod's API, resuming the killed run on two workers, the Horovod example);
+* ``engine_scripts/uneven.py`` under torchrun: global minibatches that do not divide between the two workers
+  (padded to one shape on JAX), and on JAX the compiled step's HLO (an all-reduce, no host callback);
 * ``engine_scripts/resume.py``: the killed run's checkpoint (written by two workers) resumed by one worker, and
   under torchrun, the checkpoint that one worker wrote (``engine_scripts/partial.py``) resumed by two.
 
@@ -199,6 +201,63 @@ def test_the_horovod_example_runs_unchanged_under_torchrun(jobs):
     horovod_checks.test_the_horovod_example_trains_on_two_workers(jobs)
 
 
+# -- shares of unequal size (padded on JAX) and where the JAX engine sums the gradients ----------------------
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory) -> tuple:
+    out = tmp_path_factory.mktemp(f"uneven_{BACKEND}")
+    rc, output = _torchrun(SCRIPTS / "uneven.py", str(out))
+    if rc != 0:
+        pytest.fail(f"engine_scripts/uneven.py failed under torchrun (exit {rc}):\n{output[-6000:]}")
+    return tuple(common.load(str(out / f"uneven.rank{r}")) for r in (0, 1))
+
+
+@native_only
+def test_uneven_shares_and_a_sweeps_remainder_train_as_one_process(uneven):
+    """Global minibatches of 9 (shares 5 and 4) and each sweep's remainder of 5 (3 and 2): on JAX every such step
+    is padded to one shape; weights, loss and unweighted metric equal one process's."""
+    (a0, i0), (a1, i1) = uneven
+    x, y, sample_weight = common.uneven_data()
+    reference = common.uneven_model()
+    history = kfit.fit(reference, x, y, sample_weight=sample_weight, **common.uneven_kwargs())
+    for info in (i0, i1):
+        assert (info["engine"], info["size"]) == ("native", 2)
+        assert info["samples"] == common.UNEVEN["epochs"] * common.UNEVEN["num_samples"]
+        for key in ("loss", "mae"):  # the epochs' values (the padding rows taken out)
+            np.testing.assert_allclose(info["history"][key], history.history[key], rtol=1e-5, err_msg=key)
+        # Padding stays in a metric whose state is not a sum over samples: said once, naming it (JAX only).
+        assert len(info["padding_warnings"]) == (1 if BACKEND == "jax" else 0), info["padding_warnings"]
+        assert all("'last_mean' (LastMean)" in w for w in info["padding_warnings"])
+    for i, w in enumerate(common.weights(reference)):
+        np.testing.assert_array_equal(a0[f"w{i}"], a1[f"w{i}"])
+        np.testing.assert_allclose(a0[f"w{i}"], w, atol=1e-6, rtol=0)
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the JAX engine's in-step collective")
+def test_the_jax_engines_gradient_sum_is_an_all_reduce_inside_the_compiled_step(uneven):
+    for _, info in uneven:
+        assert info["in_step"] and info["train_function"]  # kfit.fit trained with the sharded step
+        assert info["hlo_all_reduce"]  # the psum, compiled into the step
+        assert info["hlo_callbacks"] == []  # no io_callback: the gradients never visit the host
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the JAX engine's padding")
+def test_a_share_is_padded_with_copies_of_its_last_row_of_weight_zero():
+    from kfit.distributed._jax_engine import pad_share
+
+    x = {"a": np.arange(6, dtype="float32").reshape(3, 2), "b": np.arange(3, dtype="float32")}
+    y = np.array([1.0, 2.0, 3.0], "float32")
+    x2, y2, w2 = pad_share((x, y), 4, weights=True)
+    np.testing.assert_array_equal(x2["a"], [[0, 1], [2, 3], [4, 5], [4, 5]])
+    np.testing.assert_array_equal(x2["b"], [0, 1, 2, 2])
+    np.testing.assert_array_equal(y2, [1, 2, 3, 3])
+    np.testing.assert_array_equal(w2, [1, 1, 1, 0])
+    _, _, w3 = pad_share((x, y, np.array([0.5, 0.0, 2.0], "float32")), 4, weights=True)
+    np.testing.assert_array_equal(w3, [0.5, 0.0, 2.0, 0.0])  # a user's zero weight stays a real row
+    _, _, w4 = pad_share((x, y), 3, weights=True)  # the longer share of an uneven step: weights, no padding
+    np.testing.assert_array_equal(w4, [1, 1, 1])
+    assert pad_share((x, y), 3, weights=False) == (x, y)  # an even step: the batch as it is
+
+
 # -- failures and resumption ---------------------------------------------------------------------------------
 @native_only
 def test_a_killed_worker_ends_the_job_within_seconds_without_a_launcher(jobs):
@@ -344,6 +403,18 @@ def test_a_bad_collective_timeout_is_refused(monkeypatch):
         _launch.timeout_seconds()
     monkeypatch.setenv(_launch.TIMEOUT_VARIABLE, "2.5")
     assert _launch.timeout_seconds() == 2.5
+
+
+def test_a_bad_kfit_jax_collectives_is_refused_with_its_value(monkeypatch):
+    from kfit.distributed import _jax_engine
+
+    monkeypatch.setenv(_jax_engine.COLLECTIVES_VARIABLE, "nccl")
+    with pytest.raises(ValueError, match=r"KFIT_JAX_COLLECTIVES.*'step'.*'host'.*KFIT_JAX_COLLECTIVES='nccl'"):
+        _jax_engine.collectives_mode()
+    monkeypatch.setenv(_jax_engine.COLLECTIVES_VARIABLE, " Host ")
+    assert _jax_engine.collectives_mode() == "host"
+    monkeypatch.delenv(_jax_engine.COLLECTIVES_VARIABLE)
+    assert _jax_engine.collectives_mode() == "step"
 
 
 def test_a_bad_kfit_engine_fails_the_first_call_with_a_clear_error():

@@ -18,8 +18,10 @@ worker (``rank() == 0``, ``size() == 1``) and no engine is imported.
 Engines (see :func:`engine`): ``horovodrun`` (or ``mpirun``) selects Horovod (every backend); ``torchrun``'s
 environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, also set by SLURM-style wrappers)
 selects the native engine: ``torch.distributed`` (Gloo on CPU, NCCL for CUDA tensors) on PyTorch, and on
-JAX ``torch.distributed`` through the host (the gradients leave the jitted step by ``io_callback``, as with
-Horovod). TensorFlow has no native engine: Horovod is its engine. ``KFIT_ENGINE=horovod|native|none``
+JAX ``jax.distributed`` (started by ``import kfit``), with ``kfit.fit``'s gradient sum a ``psum`` inside the
+compiled step (shares of a global minibatch that does not divide are padded to one shape) and the host operations
+over ``torch.distributed``; plain ``model.fit`` with :func:`DistributedOptimizer` on JAX sums through the host
+(``io_callback``, as with Horovod). TensorFlow has no native engine: Horovod is its engine. ``KFIT_ENGINE=horovod|native|none``
 overrides the launcher's choice.
 
 For plain ``model.fit``, this module ports Horovod's Keras API to Keras 3 under the same names:
@@ -63,8 +65,9 @@ def init() -> None:
 
     Calling it is optional (kfit starts the engine on first use), but a Horovod script calls ``hvd.init()``
     first, and the ported one may keep the call. On a CUDA machine under the native PyTorch engine, call it
-    before building the model: it makes ``cuda:LOCAL_RANK`` this process's GPU. Without a launcher (and
-    with ``KFIT_ENGINE=none``) it does nothing.
+    before building the model: it makes ``cuda:LOCAL_RANK`` this process's GPU. On JAX the native engine starts
+    when kfit is imported (``jax.distributed`` must start before JAX runs anything): import kfit before building
+    the model. Without a launcher (and with ``KFIT_ENGINE=none``) it does nothing.
 
     Raises:
         ImportError: the chosen engine is not installed (Horovod: run ``bash scripts/install_horovod.sh``).

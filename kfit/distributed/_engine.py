@@ -17,9 +17,25 @@ Every worker must call the same collectives in the same order with the same shap
 from __future__ import annotations
 
 import abc
+import threading
 from typing import Any
 
 import numpy as np
+
+#: What the train step being traced knows about this worker's share (set by an engine whose step pads the
+#: shares to one shape, see :meth:`Engine.train_step_function`): ``real``, the number of real samples of the
+#: share, and ``padding``, the number of padding rows after them (traced scalars), or None for neither.
+STEP = threading.local()
+
+
+def step_real_count() -> Any:
+    """The real samples of this worker's share in the step being traced, or None (no padding engine)."""
+    return getattr(STEP, "real", None)
+
+
+def step_padding() -> Any:
+    """The padding rows at the end of this worker's share in the step being traced, or None."""
+    return getattr(STEP, "padding", None)
 
 
 class WorkerLostError(RuntimeError):
@@ -68,6 +84,15 @@ class Engine(abc.ABC):
             name: the collective's name, the same on every worker.
             average: divide the sums by the number of workers.
         """
+
+    def trains_in_step(self) -> bool:
+        """True when the engine builds kfit.fit's train step itself (:meth:`train_step_function`)."""
+        return False
+
+    def train_step_function(self, model: Any, train_step: Any) -> Any:
+        """The function ``step(state, data) -> (logs, state)`` that trains one step of ``model`` on this engine,
+        or None to let Keras compile ``train_step`` as usual (every engine but the JAX in-step one)."""
+        return None
 
     def check_step_compilable(self) -> None:  # noqa: B027 - most engines have nothing to refuse
         """Raises ValueError when the step being traced is compiled in a way the engine cannot run in."""

@@ -71,7 +71,22 @@ def why_not_sharded(model: Any) -> str | None:
     Sharded: Keras's own ``test_step`` and ``compute_metrics``, and every metric an instance of a Keras metric
     class whose state is a sum over samples (see the module). Anything else is evaluated whole on every worker.
     """
-    for method in ("test_step", "compute_metrics"):
+    return _why_not_additive(model, ("test_step", "compute_metrics"))
+
+
+def training_metrics_split(model: Any) -> tuple[list, list] | None:
+    """``(additive, other)``: ``model``'s metrics whose state is a sum over samples and the rest, when Keras's own
+    ``train_step`` and ``compute_metrics`` update them (the JAX engine can then take padding rows out of the
+    additive ones exactly); None for a model with its own ``train_step`` or ``compute_metrics``."""
+    if not all(_defined_by_keras(model, m) for m in ("train_step", "compute_metrics")):
+        return None
+    additive = _additive_classes()
+    leaves = leaf_metrics(model) or []
+    return [m for m in leaves if isinstance(m, additive)], [m for m in leaves if not isinstance(m, additive)]
+
+
+def _why_not_additive(model: Any, methods: tuple[str, ...]) -> str | None:
+    for method in methods:
         if not _defined_by_keras(model, method):
             return f"the model defines its own {method}"
     leaves = leaf_metrics(model)

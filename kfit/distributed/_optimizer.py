@@ -15,9 +15,12 @@ gradient ``g_r`` is the mean over its ``n_r`` samples. Under :func:`kfit.fit` th
     g = sum_r(n_r * g_r) / sum_r(n_r)
 
 which is the mean gradient of the whole global minibatch, also when its size does not divide evenly
-among the workers (worker shares differ by one sample). Under plain ``model.fit`` (Horovod's usage),
-the workers' gradients are averaged, ``g = mean_r(g_r)``, as Horovod does: each worker's minibatch
-counts equally. Both assume a loss reduced by its mean over the minibatch (Keras's default).
+among the workers (worker shares differ by one sample). On the JAX engine's in-step path every share is
+padded to the same number of rows ``p`` with zero-weight rows (``kfit/distributed/_jax_engine.py``); the loss,
+a mean over the padded rows, gives ``g_r = sum_i(w_i * grad_i) / p``, so the weight is ``p`` and the divisor
+the global number of real samples: ``g = sum_r(p * g_r) / sum_r(n_r)``, the same mean gradient.
+Under plain ``model.fit`` (Horovod's usage), the workers' gradients are averaged, ``g = mean_r(g_r)``, as
+Horovod does: each worker's minibatch counts equally. Both assume a loss reduced by its mean over the minibatch (Keras's default).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 
 import keras
 
-from kfit.distributed import _select
+from kfit.distributed import _engine, _select
 
 
 class Compression:
@@ -100,7 +103,8 @@ def reduce_gradients(grads: list, options: _Options) -> list:
     for k, group in enumerate(groups):
         tensors = [dense[i] for i in group]
         if weighted and k == len(groups) - 1:
-            tensors.append(ops.reshape(ops.cast(count, "float32"), (1,)))
+            real = _engine.step_real_count()  # a padded share: its real samples (see the module docstring)
+            tensors.append(ops.reshape(ops.cast(count if real is None else real, "float32"), (1,)))
         name = options.name if len(groups) == 1 else f"{options.name}.{k}"
         out = _select.current().step_sum(tensors, name, average=average)
         if weighted and k == len(groups) - 1:
@@ -179,7 +183,8 @@ def DistributedOptimizer(
     Horovod fuses into one buffer: the mean gradient of all workers' samples (see the module docstring
     for how uneven shares are weighted under ``kfit.fit``). On TensorFlow the allreduce is an op of the
     traced step, which therefore cannot be XLA-compiled: compile with ``jit_compile=False`` (``kfit.fit``
-    does it). On JAX the jitted step calls the host with ``jax.experimental.io_callback`` (both engines).
+    does it). On JAX the jitted step calls the host with ``jax.experimental.io_callback`` (Horovod, and the
+    native engine under plain ``model.fit``); under ``kfit.fit`` the native JAX engine sums inside the step (``psum``).
 
     Args:
         optimizer: a ``keras.optimizers.Optimizer`` (Keras's, kfit's, or a ``LossScaleOptimizer``).
@@ -256,4 +261,40 @@ def prepare_model(model: keras.Model) -> None:
         object.__setattr__(model, "train_step", _count_samples(model.train_step))
     if keras.backend.backend() in ("tensorflow", "torch") and model.jit_compile:
         model.jit_compile = False
+    engine = _select.current()
+    if engine.trains_in_step() and not getattr(model.make_train_function, "_kfit_in_step", False):
+        from kfit import _backend
+
+        _backend.replace_train_function(model, lambda train_step: engine.train_step_function(model, train_step))
+        model.make_train_function._kfit_in_step = True
+        _backend.exclude_padding_from_metrics(model, _engine.step_padding, _training_metrics_check(model))
     model.train_function = None
+
+
+def _training_metrics_check(model: keras.Model) -> Any:
+    """``split()``: the model's training metrics as ``(additive, other)``, or None (see
+    ``_evaluation.training_metrics_split``); asked when the step is first traced (the metrics are built then), and
+    warns once when padding rows stay in some training metric."""
+    from kfit.distributed import _evaluation
+
+    verdict: list = []
+
+    def split() -> tuple[list, list] | None:
+        if not verdict:
+            found = _evaluation.training_metrics_split(model)
+            if found is None:
+                reason = "the model defines its own train_step or compute_metrics"
+            else:
+                reason = ", ".join(f"metric {m.name!r} ({type(m).__name__}) may hold a state that is not a sum over "
+                                   "samples" for m in found[1]) or None
+            if reason is not None:
+                import warnings
+
+                warnings.warn(
+                    f"kfit's JAX engine pads the workers' shares of a global minibatch that does not divide among "
+                    f"them; the gradient stays exact, but {reason}, so the training values of such steps include "
+                    f"the padding rows there.", stacklevel=2)
+            verdict.append(found)
+        return verdict[0]
+
+    return split

@@ -4,7 +4,7 @@
 ``KFIT_ENGINE``   launcher               engine
 ================  =====================  ================================================================
 unset             ``horovodrun``         Horovod (``horovod.tensorflow`` / ``horovod.torch``)
-unset             ``torchrun``, SLURM    native: ``torch.distributed`` (PyTorch; JAX through the host)
+unset             ``torchrun``, SLURM    native: ``torch.distributed`` (PyTorch), ``jax.distributed`` (JAX)
 unset             none                   none: one worker, nothing imported
 ``horovod``       any                    Horovod
 ``native``        ``torchrun``, SLURM    native (TensorFlow has none: Horovod is its engine)
@@ -64,6 +64,27 @@ def current() -> Engine | None:
         return _engine
     _engine = _native(_launch.launch_environment())
     return _engine
+
+
+def start_early() -> None:
+    """Starts the native JAX engine now if the launcher's environment asks for it (called by ``import kfit``).
+
+    ``jax.distributed`` must start before JAX runs anything. A launcher environment that is incomplete or
+    invalid, or another engine or backend, is left to the first real call (which raises the clear error).
+    """
+    if _engine is not None or keras.backend.backend() != "jax":
+        return
+    try:
+        if chosen() != "native":
+            return
+        from kfit.distributed import _jax_engine
+
+        if _jax_engine.collectives_mode() != "step":
+            return
+        _launch.launch_environment()
+    except ValueError:
+        return
+    current()
 
 
 def started() -> bool:

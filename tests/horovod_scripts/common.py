@@ -144,3 +144,44 @@ def classifier(init_seed: int) -> keras.Model:
                 loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                 weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="weighted_accuracy")])
     return net
+
+
+# Scenario "uneven" (tests/engine_scripts/uneven.py): global minibatches of 9 over sweeps of 41 samples (shares 5
+# and 4; each epoch, one sweep, ends with a remainder minibatch of 5: shares 3 and 2), with sample weights, an
+# unweighted and a weighted metric whose states are sums over samples, and one whose state is not (LastMean).
+UNEVEN = dict(num_samples=41, minibatch_size=9, epochs=3, seed=13, lr=0.05, momentum=0.9)
+
+
+def uneven_data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    x, y = data(UNEVEN["num_samples"], seed=8)
+    weights = np.random.default_rng(9).uniform(0.5, 2.0, size=UNEVEN["num_samples"]).astype("float32")
+    return x, y, weights
+
+
+class LastMean(keras.metrics.Metric):
+    """A metric whose state is not a sum over samples: the mean prediction of the last batch."""
+
+    def __init__(self, name: str = "last_mean", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.value_ = self.add_weight(name="value", shape=(), initializer="zeros")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.value_.assign(keras.ops.mean(y_pred))
+
+    def result(self):
+        return self.value_ * 1.0
+
+
+def uneven_model() -> keras.Model:
+    import kfit
+
+    net = model(3)
+    net.compile(optimizer=kfit.optimizers.MomentumSGD(UNEVEN["lr"], momentum=UNEVEN["momentum"]), loss="mse",
+                metrics=["mae", LastMean()],
+                weighted_metrics=[keras.metrics.MeanSquaredError(name="weighted_mse")])
+    return net
+
+
+def uneven_kwargs() -> dict:
+    u = UNEVEN
+    return dict(minibatch_size=u["minibatch_size"], epochs=u["epochs"], seed=u["seed"], verbose=0)

@@ -1,0 +1,56 @@
+"""Shares of unequal size on the native JAX engine (tests/test_engines.py), and where its gradient sum runs.
+
+    torchrun --standalone --nproc_per_node 2 tests/engine_scripts/uneven.py OUT_DIR
+
+``common.UNEVEN``: global minibatches of 9 (shares 5 and 4) over sweeps of 41 samples, one epoch per sweep, so
+each epoch ends with a remainder minibatch of 5 (shares 3 and 2); sample weights, an unweighted and a weighted
+metric, and one whose state is not a sum over samples (on JAX: warned about, its value keeps the padding row). Every step whose shares differ is padded to one shape by the JAX engine. Writes the weights, the
+history and the epoch summaries to ``OUT_DIR/uneven.rank<r>.{npz,json}``, with what the compiled train step holds:
+its HLO is checked for an all-reduce and for host callbacks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "horovod_scripts"))
+
+import common  # noqa: E402  (sets one thread per worker before the backend loads)
+import keras  # noqa: E402
+
+import kfit  # noqa: E402
+from kfit.data._stream import share  # noqa: E402
+from kfit.distributed import _select  # noqa: E402
+
+OUT = sys.argv[1]
+rank = kfit.distributed.rank()
+x, y, sample_weight = common.uneven_data()
+net = common.uneven_model()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    history = kfit.fit(net, x, y, sample_weight=sample_weight, **common.uneven_kwargs())
+info = {
+    "padding_warnings": [str(w.message) for w in caught if "pads the workers' shares" in str(w.message)],
+    "engine": kfit.distributed.engine(),
+    "size": kfit.distributed.size(),
+    "samples": kfit.get_clock(net).samples,
+    "history": {k: [float(v) for v in values] for k, values in history.history.items()},
+    "in_step": bool(getattr(_select.current(), "in_step", False)),
+}
+if keras.backend.backend() == "jax" and info["in_step"]:
+    # The step kfit.fit trained with, lowered for a global minibatch of 9 (shares 5 and 4) and compiled.
+    engine = _select.current()
+    info["train_function"] = bool(getattr(net.make_train_function, "_kfit_in_step", False))
+    step = engine.train_step_function(net, net.train_step)
+    state = ([v.value for v in net.trainable_variables], [v.value for v in net.non_trainable_variables],
+             [v.value for v in net.optimizer.variables], [v.value for v in net.metrics_variables])
+    lo, hi = share(0, 9, rank, 2)
+    data = tuple(keras.ops.convert_to_tensor(a[lo:hi]) for a in (x, y, sample_weight))
+    hlo = step.jitted.lower(*step.prepare(state, data, total=9)).compile().as_text()
+    info["hlo_all_reduce"] = "all-reduce" in hlo
+    info["hlo_callbacks"] = sorted({line.split("custom_call_target=")[1].split(",")[0]
+                                    for line in hlo.splitlines() if "custom_call_target=" in line
+                                    and "callback" in line.lower()})
+common.save(os.path.join(OUT, f"uneven.rank{rank}"), {f"w{i}": w for i, w in enumerate(common.weights(net))}, info)
