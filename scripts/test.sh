@@ -5,7 +5,7 @@
 # (scripts/test_oldest_keras.sh). KFIT_KERAS_SUITE=0 / KFIT_OLDEST_KERAS=0 leave those tiers out.
 # On a fresh machine it first installs everything (scripts/setup.sh, Horovod included).
 #   bash scripts/test.sh                 # all three backends
-#   KFIT_BACKENDS="jax" bash scripts/test.sh -k stream    # one backend, extra pytest arguments
+#   KFIT_BACKENDS=jax KFIT_KERAS_SUITE=0 KFIT_OLDEST_KERAS=0 bash scripts/test.sh -k stream  # one backend, a subset
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KFIT_WITH_HOROVOD=${KFIT_WITH_HOROVOD:-1} bash scripts/setup.sh
@@ -24,7 +24,7 @@ for backend in ${KFIT_BACKENDS:-tensorflow jax torch}; do
     status=1
   fi
 done
-if [ "${KFIT_OLDEST_KERAS:-0}" = "1" ]; then
+if [ "${KFIT_OLDEST_KERAS:-1}" = "1" ]; then
   bash scripts/test_oldest_keras.sh || { summary+=("oldest Keras: FAILED"); status=1; }
 fi
 printf '%s\n' "${summary[@]}"
