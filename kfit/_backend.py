@@ -276,22 +276,18 @@ def declare_epoch_steps(steps: int) -> None:
         owner._num_batches = max(int(steps), 1)
 
 
-def declare_resumed_epoch_steps(steps: int) -> None:
-    """Tells the ``EpochIterator`` of the running ``model.fit`` that the epoch beginning now (the one a run
-    resumes in, on a source that cannot seek) holds ``steps`` steps, also when ``steps_per_epoch`` was given:
-    its loop stops after them (``_num_batches``), opens its next iterator, and :func:`forget_pass_length`
-    undoes it when the next epoch begins. Called from the adapter's ``on_epoch_begin``. Checked against Keras
-    3.10-3.15."""
-    owner = _running_epoch_iterator()
-    if owner is not None:
-        owner._num_batches = max(int(steps), 1)
+def steps_per_execution(model: Any) -> int:
+    """The steps one call of the model's compiled train function runs (``compile(steps_per_execution=...)``)."""
+    return max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
 
 
-def forget_pass_length(num_batches: int | None) -> None:
-    """Undoes what the ``EpochIterator`` of the running ``model.fit`` concluded when kfit ended a resumed
-    epoch early on a source read on across epochs: Keras takes an iterator that ends to be a pass of that
-    many batches (``_num_batches``), which would cut every later epoch short. Called from the adapter's
-    ``on_epoch_begin``. Checked against Keras 3.10-3.15."""
+def set_epoch_batches(num_batches: int | None) -> None:
+    """Sets what the ``EpochIterator`` of the running ``model.fit`` takes as the number of batches, also when
+    ``steps_per_epoch`` was given (its loop stops after them and opens its next iterator). Used for the epoch a
+    run resumes in on a source that cannot seek (the steps it has left), and, when the next epoch begins, to
+    put back the source's own length (Keras takes an iterator that ended early for a pass of that many
+    batches, which would cut every later epoch short). Called from the adapter's ``on_epoch_begin``. Checked
+    against Keras 3.10-3.15."""
     owner = _running_epoch_iterator()
     if owner is not None:
         owner._num_batches = num_batches

@@ -118,8 +118,6 @@ def test_sharded_evaluation_under_the_native_engine(native):
 
 @pytest.mark.slow
 @pytest.mark.horovod
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="Horovod's sharded evaluation is checked on TensorFlow, whose only "
-                    "engine it is; PyTorch and JAX are checked under the native engine")
 def test_sharded_evaluation_under_horovod(tmp_path):
     rc, output, _ = test_distributed._run(str(SCRIPT), tmp_path)  # an absolute path: not under its SCRIPTS
     if rc != 0:

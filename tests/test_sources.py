@@ -187,7 +187,7 @@ def test_steps_per_epoch_that_divides_the_data_keeps_kfits_seekable_stream(tmp_p
 
 
 def test_sparse_inputs_train_with_kfits_features_as_under_model_fit():
-    scipy_sparse = pytest.importorskip("scipy.sparse")
+    import scipy.sparse as scipy_sparse  # scipy comes with scikit-learn, a dev dependency
 
     def data():
         dense = np.where(np.abs(X) > 0.8, X, 0.0).astype("float32")

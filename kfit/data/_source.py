@@ -126,7 +126,7 @@ class SourceAdapter(_backend.DataAdapter):
         if self._resumed_pass:
             # The epoch a run resumed in was cut short by kfit (the samples dropped, or the steps it had left):
             # Keras must not take its length for the source's.
-            _backend.forget_pass_length(self.inner.num_batches)
+            _backend.set_epoch_batches(self.inner.num_batches)
             self._resumed_pass = False
         if not self.continues or (current is not None and current.done):
             # Keras opens a new pass for this epoch (on TensorFlow, lazily, once the first step runs), or, after
@@ -142,7 +142,7 @@ class SourceAdapter(_backend.DataAdapter):
             # The epoch a run resumes in holds only the steps it had left: Keras is told, so that it does not try
             # one more step on the source that has run dry (on TensorFlow such a try still advances the layers'
             # seed generators: dropout would then differ from the uninterrupted run's).
-            _backend.declare_resumed_epoch_steps(self._steps_left)
+            _backend.set_epoch_batches(self._steps_left)
             self._steps_left = None
 
     def on_epoch_end(self) -> None:
@@ -248,13 +248,7 @@ class SourceAdapter(_backend.DataAdapter):
     def first_batch(self) -> Any:
         """The source's first batch as this backend's loop reads it (Keras's conversion: sparse inputs become
         the backend's sparse tensors). For sources read from their start (arrays, ``tf.data``), not generators."""
-        if _backend.BACKEND == "tensorflow":
-            return next(iter(self.inner.get_tf_dataset()))
-        if _backend.BACKEND == "jax":
-            return next(iter(self.inner.get_jax_iterator()))
-        if _backend.BACKEND == "torch":
-            return next(iter(self.inner.get_torch_dataloader()))
-        return next(iter(self.inner.get_numpy_iterator()))
+        return next(iter(self._passes()))
 
     def get_numpy_iterator(self) -> Iterator[Any]:
         return self._open(self.inner.get_numpy_iterator)

@@ -30,7 +30,7 @@ class PlanDriver(StepDriver):
         self.adapter = adapter
 
     def sizes(self, clock: Clock, batch: int) -> list[int] | None:
-        steps_per_execution = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
+        steps_per_execution = _backend.steps_per_execution(self.model)
         steps = self.adapter.plan[batch:batch + steps_per_execution]
         if not steps:
             _backend.before_empty_step(self.model)

@@ -31,10 +31,15 @@ from kfit.training._progress_bar import ProgressBar
 from kfit.training._summaries import EpochSummaries
 
 
+def _training_rows(n: int, split: float) -> int:
+    """The rows ``validation_split`` leaves for training, as Keras cuts them (the first ones)."""
+    return int(math.floor(n * (1.0 - split)))
+
+
 def _split_validation(x: Any, y: Any, sample_weight: Any, split: float) -> tuple:
     """Keras's ``validation_split``: the last ``split`` fraction of the arrays, before shuffling."""
     n = dataset_length(x)
-    cut = int(math.floor(n * (1.0 - split)))
+    cut = _training_rows(n, split)
     if cut == 0 or cut == n:
         raise ValueError(f"`validation_split={split}` leaves no training or no validation sample out of {n}.")
 
@@ -181,8 +186,8 @@ def _keras_epochs_differ(model: Any, x: Any, options: FitOptions, workers: int) 
     if n is None:
         return False
     if o.validation_split:
-        n = int(math.floor(n * (1.0 - o.validation_split)))
-    per_execution = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
+        n = _training_rows(n, o.validation_split)
+    per_execution = _backend.steps_per_execution(model)
     return n % (o.steps_per_epoch * (o.fixed_minibatch_size or 32)) != 0 or o.steps_per_epoch % per_execution != 0
 
 
@@ -231,7 +236,7 @@ def _fit_with_model_fit(model: Any, x: Any, y: Any, sample_weight: Any, validati
     epochs = o.epochs if o.epochs is not None else 1
     n = dataset_length(x) if is_streamable(x) else None
     if n is not None and o.validation_split and validation_data is None:
-        n = int(math.floor(n * (1.0 - o.validation_split)))
+        n = _training_rows(n, o.validation_split)
     clock_callbacks: list = []
     if n is not None and o.steps_per_epoch is None:
         clock_callbacks.append(SampleClock(batch_size=o.minibatch_size or 32, num_samples=n))
