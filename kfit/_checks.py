@@ -38,11 +38,15 @@ def _fail(name: str, expected: str, value: Any, allow_none: bool = False) -> Inv
 
 def is_integer(value: Any) -> bool:
     """An int or NumPy integer, not a bool."""
+    if type(value) is int:  # the common case, without the slower abstract-class check
+        return True
     return isinstance(value, numbers.Integral) and not _is_bool(value)
 
 
 def is_real(value: Any) -> bool:
     """An int, float or NumPy number, not a bool."""
+    if type(value) in (float, int):  # the common cases, without the slower abstract-class check
+        return True
     return isinstance(value, numbers.Real) and not _is_bool(value)
 
 

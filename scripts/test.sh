@@ -3,6 +3,8 @@
 # Keras's own trainer and callback tests routed through kfit (scripts/keras_suite.sh, its CI subset; about 3, 2
 # and 6 minutes on 2 cores); then kfit's core tests on the oldest Keras that pyproject.toml allows
 # (scripts/test_oldest_keras.sh). KFIT_KERAS_SUITE=0 / KFIT_OLDEST_KERAS=0 leave those tiers out.
+# pytest runs its test files on KFIT_TEST_WORKERS processes (pytest-xdist, default 2: the machine's cores; every
+# test process runs its backend on one thread; 1 runs them in this process, one after the other).
 # On a fresh machine it first installs everything (scripts/setup.sh, Horovod included).
 #   bash scripts/test.sh                 # all three backends
 #   KFIT_BACKENDS=jax KFIT_KERAS_SUITE=0 KFIT_OLDEST_KERAS=0 bash scripts/test.sh -k stream  # one backend, a subset
@@ -16,7 +18,10 @@ status=0
 summary=()
 for backend in ${KFIT_BACKENDS:-tensorflow jax torch}; do
   echo "=== KERAS_BACKEND=$backend ==="
-  if KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider "$@" \
+  workers=${KFIT_TEST_WORKERS:-2}
+  parallel=()
+  [ "$workers" = "1" ] || parallel=(-n "$workers" --dist loadfile)
+  if KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider "${parallel[@]}" "$@" \
      && { [ "${KFIT_KERAS_SUITE:-1}" != "1" ] || bash scripts/keras_suite.sh "$backend"; }; then
     summary+=("$backend: passed")
   else

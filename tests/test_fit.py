@@ -241,6 +241,52 @@ def test_h5py_training_equals_in_memory_training(tmp_path):
     assert_same_weights(a, b)
 
 
+IN_MEMORY_CASES = {
+    # A minibatch-size schedule whose minibatches are cut at epoch ends and span two sweeps.
+    "schedule": dict(minibatch_size=kfit.schedules.minibatch_size([6, 11], epoch_size=34), epoch_size=34, epochs=3),
+    "class_weight": dict(minibatch_size=7, epochs=2, class_weight={0: 0.5, 1: 2.0, 2: 1.0}),
+    "sample_weight_dict": dict(minibatch_size=9, epochs=2, sample_weight=True, dict_inputs=True),
+    "prefetch": dict(minibatch_size=8, epochs=2, prefetch=3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IN_MEMORY_CASES))
+def test_arrays_in_memory_train_as_the_same_data_read_from_h5py(tmp_path, case):
+    """Arrays in memory are gathered directly (on TensorFlow inside tf.data, with no reader thread unless
+    ``prefetch`` asks for one); h5py datasets are read by minibatch on a reader thread. Same minibatches, same
+    weights, same logs."""
+    kwargs = dict(IN_MEMORY_CASES[case])
+    x, y = classification_data(40, classes=3)
+    sample_weight = np.linspace(0.5, 1.5, 40).astype("float32") if kwargs.pop("sample_weight", False) else None
+    dict_inputs = kwargs.pop("dict_inputs", False)
+
+    def model():
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((4,), name="features")
+        outputs = keras.layers.Dense(3)(keras.layers.Dense(8, activation="relu")(inputs))
+        m = keras.Model({"features": inputs} if dict_inputs else inputs, outputs)
+        m.compile(optimizer=keras.optimizers.SGD(0.05), metrics=[BatchSamples()],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    runs = []
+    path = tmp_path / "train.h5"
+    with h5py.File(path, "w") as f:
+        f["x"], f["y"] = x, y
+        if sample_weight is not None:
+            f["w"] = sample_weight
+    with h5py.File(path, "r") as f:
+        for xs, ys, ws in ((x, y, sample_weight), (f["x"], f["y"], None if sample_weight is None else f["w"])):
+            m = model()
+            history = kfit.fit(m, {"features": xs} if dict_inputs else xs, ys, sample_weight=ws, seed=4, verbose=0,
+                               **kwargs)
+            runs.append((m, history.history))
+    (memory_model, memory_logs), (h5py_model, h5py_logs) = runs
+    assert_same_weights(memory_model, h5py_model)
+    assert memory_logs == h5py_logs
+    assert sum(memory_logs["batch_samples"]) == kfit.get_clock(memory_model).samples > 0
+
+
 # -- bad input ----------------------------------------------------------------------------------------
 
 

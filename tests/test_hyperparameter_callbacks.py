@@ -183,3 +183,45 @@ def test_history_lr_is_the_rate_in_force_not_the_tail_minibatch():
     history = kfit.fit(model, x, y, minibatch_size=32, epochs=2, seed=0, verbose=0,
                        callbacks=[kfit.callbacks.LearningRateSchedule(lr)])
     assert history.history["lr"] == pytest.approx([0.001 * 32, 0.0005 * 32], rel=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["callable", "per_minibatch_list", "cosine", "reset_mid_segment",
+                                  "reset_to_another_unit"])
+def test_the_value_at_every_step_whatever_how_far_a_schedule_value_holds(kind):
+    """The callbacks read a schedule only when its value can have changed (``Schedule.holds_until``): a value that
+    changes every sample, one indexed by minibatches, one of unknown extent, and a reset inside a held segment all
+    reach the optimizer at the right step."""
+    x, y = regression_data(50)
+    model = mlp()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse", metrics=[BatchSamples()])
+    lr = {
+        "callable": kfit.schedules.learning_rate_per_sample(lambda s: 0.01 / (1 + s)),
+        "per_minibatch_list": kfit.schedules.learning_rate_per_minibatch([0.1, 0.1, 0.05, 0.02]),
+        "cosine": kfit.schedules.learning_rate_per_sample(kfit.schedules.cosine_decay(0.01, 80)),
+        "reset_mid_segment": kfit.schedules.learning_rate_per_sample(0.01),
+        "reset_to_another_unit": kfit.schedules.learning_rate_per_sample(0.01),
+    }[kind]
+    # The same number in another unit: 0.01 per minibatch from sample 16 on, where it was 0.01 per sample.
+    reset_to = {"reset_mid_segment": 0.002, "reset_to_another_unit": kfit.schedules.learning_rate_per_minibatch(0.01)}
+    schedule = kfit.callbacks.LearningRateSchedule(lr)
+
+    class ResetAt(kfit.callbacks.KfitCallback):  # before the schedule: the reset holds from this step on
+        def on_step_begin(self, clock):
+            if kind in reset_to and clock.samples == 16:
+                schedule.reset_learning_rate(reset_to[kind])
+
+    recorder = StepRecorder()
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+              callbacks=[ResetAt(), schedule, recorder, kfit.callbacks.SampleClock(batch_size=16, num_samples=50)])
+    sizes = [16, 16, 16, 2] * 2
+    assert [r["size"] for r in recorder.rows] == sizes
+    samples = 0
+    for minibatches, (row, size) in enumerate(zip(recorder.rows, sizes)):
+        if kind == "reset_mid_segment":
+            expected = (0.01 if samples < 16 else 0.002) * size
+        elif kind == "reset_to_another_unit":
+            expected = 0.01 * size if samples < 16 else 0.01
+        else:
+            expected = lr.for_minibatch(samples, minibatches, size)
+        assert row["learning_rate"] == pytest.approx(expected, rel=1e-6), (samples, minibatches)
+        samples += size

@@ -565,3 +565,24 @@ def test_callable_schedules_cannot_be_serialized():
     with pytest.raises(TypeError, match="built from a Python callable cannot be serialized"):
         learning_rate_per_sample(fn).get_config()
     assert "FromCallable" in repr(fn)
+
+
+@pytest.mark.parametrize("schedule", [
+    as_schedule([0.1, 0.05, 0.01], epoch_size=30),
+    as_schedule([0.1, 0.1, 0.05, 0.05, 0.05, 0.01]),  # per minibatch (no epoch_size)
+    as_schedule(0.3),
+    cosine_decay(1.0, 50),
+])
+def test_a_value_holds_as_far_as_holds_until_says_and_changes_there(schedule):
+    for samples, minibatches in [(0, 0), (29, 3), (30, 1), (55, 2), (61, 7), (200, 40)]:
+        value = schedule(samples, minibatches)
+        until_s, until_m = schedule.holds_until(samples, minibatches)
+        assert until_s > samples and until_m > minibatches
+        for s in range(samples, int(min(until_s, samples + 100))):
+            for m in range(minibatches, int(min(until_m, minibatches + 20))):
+                assert schedule(s, m) == value
+        # A finite bound is where the value changes (it claims no less than it must).
+        if until_s < math.inf and until_m == math.inf:
+            assert schedule(int(until_s), minibatches) != value
+        if until_m < math.inf and until_s == math.inf:
+            assert schedule(samples, int(until_m)) != value

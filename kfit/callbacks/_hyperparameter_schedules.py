@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kfit import _backend
@@ -43,6 +44,10 @@ class _HyperparameterSchedule(KfitCallback):
         # shortened to end an epoch gets a smaller per-minibatch rate, which is not the rate in force).
         self._logged: float | None = None
         self._logged_size: int | None = None
+        # Caches of on_step_begin: the value's segment of the clock (see _segment_at), and the last
+        # (schedule, scheduled value, minibatch size, value for the optimizer).
+        self._segment: tuple | None = None
+        self._converted: tuple | None = None
 
     def _coerce(self, schedule: Any, argument: str) -> Any:
         raise NotImplementedError
@@ -82,6 +87,7 @@ class _HyperparameterSchedule(KfitCallback):
         self._resets.append((clock.samples, clock.minibatches, schedule))
         self._applied = None  # apply at the next step even if the value happens to be equal
         self._published = None
+        self._segment = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         optimizer = getattr(self._model, "optimizer", None)
@@ -89,22 +95,39 @@ class _HyperparameterSchedule(KfitCallback):
             raise ValueError(f"{type(self).__name__} needs a compiled model with an optimizer.")
         self._variable = self._target_variable(optimizer)
         self._applied = None
+        self._segment = None
         self._published = None
         self._logged = None
         self._logged_size = None
 
+    def _segment_at(self, samples: int, minibatches: int) -> tuple:
+        """The schedule in force at this reading, its value, and the readings ``[samples, until)`` and
+        ``[minibatches, until)`` over which that value holds (so that most steps read no schedule)."""
+        schedule, s0, m0 = self.active_schedule(samples)
+        scheduled = float(schedule.value(samples - s0, minibatches - m0))
+        until_s, until_m = schedule.holds_until(samples - s0, minibatches - m0)
+        next_reset = min((r[0] for r in self._resets if r[0] > samples), default=math.inf)
+        return samples, min(until_s + s0, next_reset), minibatches, until_m + m0, schedule, scheduled
+
     def on_step_begin(self, clock: Clock) -> None:
-        if clock.minibatch_size is None:
+        size = clock.minibatch_size
+        if size is None:
             raise RuntimeError(f"{type(self).__name__}: the clock does not know the size of the next minibatch.")
-        schedule, s0, m0 = self.active_schedule(clock.samples)
-        samples, minibatches = clock.samples - s0, clock.minibatches - m0
-        value = float(schedule.for_minibatch(samples, minibatches, clock.minibatch_size))
+        samples, minibatches = clock.samples, clock.minibatches
+        segment = self._segment
+        if segment is None or not (segment[0] <= samples < segment[1] and segment[2] <= minibatches < segment[3]):
+            segment = self._segment = self._segment_at(samples, minibatches)
+        schedule, scheduled = segment[4], segment[5]
+        converted = self._converted
+        if converted is None or converted[0] is not schedule or converted[1:3] != (scheduled, size):
+            converted = self._converted = (schedule, scheduled, size, float(schedule.convert(scheduled, size)))
+        value = converted[3]
         if value != self._applied:
             _backend.set_variable(self._model, self._variable, value)
             self._applied = value
-        if self._logged is None or not is_cut(clock, clock.minibatch_size, self._logged_size, self.training_run.max_samples):
-            self._logged, self._logged_size = value, clock.minibatch_size
-        scheduled = float(schedule.value(samples, minibatches))
+        if self._logged is None or not (
+                size < self._logged_size and is_cut(clock, size, self._logged_size, self.training_run.max_samples)):
+            self._logged, self._logged_size = value, size
         if (value, scheduled) != self._published:
             # Published when either the applied or the scheduled value changes (a per-sample rate can
             # halve exactly when the minibatch doubles, leaving the applied rate unchanged).
@@ -130,6 +153,7 @@ class _HyperparameterSchedule(KfitCallback):
             (int(r["samples"]), int(r["minibatches"]), schedules.from_config(r["schedule"])) for r in state.get("resets", [])
         ]
         self._applied = None
+        self._segment = None
         logged = state.get("logged")
         self._logged, self._logged_size = (None, None) if logged is None else (float(logged[0]), int(logged[1]))
 

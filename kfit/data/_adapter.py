@@ -46,10 +46,15 @@ class StreamAdapter(_backend.DataAdapter):
         declared_batches: the number of minibatches Keras is told an epoch holds (an upper bound).
         batch_size: the fixed minibatch size (per worker), or None for a schedule.
         prefetch: minibatches read ahead on a background thread.
+        rows: for data in memory, ``(data, rows)``: the whole ``(x, y, sample_weight)`` and ``rows(start, size)``,
+            the indices ``read(start, size)`` gathers. On TensorFlow the batches are then gathered by
+            ``tf.data`` itself, as Keras's own array adapter does, instead of passing through Python.
     """
 
     def __init__(self, read: Callable[[int, int], tuple], epoch_plan: Callable[[], list],
-                 declared_batches: int | None, batch_size: int | None, prefetch: int = 2):
+                 declared_batches: int | None, batch_size: int | None, prefetch: int = 2,
+                 rows: tuple[tuple, Callable[[int, int], np.ndarray]] | None = None):
+        self._rows = rows
         self._read = read
         self._epoch_plan = epoch_plan
         self._declared = declared_batches
@@ -106,7 +111,9 @@ class StreamAdapter(_backend.DataAdapter):
         return self._batches(lambda batch: batch)
 
     def get_jax_iterator(self) -> Iterator[Any]:
-        return self._batches(_backend.to_tensors)
+        # NumPy batches, as Keras's own array adapter hands JAX: the compiled step takes them in its fast path.
+        # (JAX arrays made on the reader thread cost ~300 us more per step on a CPU: benchmarks/overhead.py.)
+        return self._batches(lambda batch: batch)
 
     def get_torch_dataloader(self) -> Any:
         return _Iterable(lambda: self._batches(_backend.to_tensors))
@@ -115,6 +122,8 @@ class StreamAdapter(_backend.DataAdapter):
         import tensorflow as tf
 
         # tf.data takes tuples, not lists, as nested structure (as Keras's own array adapter, lists become tuples).
+        if self._rows is not None:
+            return self._tf_gathered_dataset()
         if self._signature is None:
             start, size = self.plan[0] if self.plan else (0, 1)
             sample = keras.tree.lists_to_tuples(pack_batch(*self._read(start, size)))
@@ -122,6 +131,29 @@ class StreamAdapter(_backend.DataAdapter):
                 lambda a: tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), sample)
         return tf.data.Dataset.from_generator(lambda: self._batches(keras.tree.lists_to_tuples),
                                               output_signature=self._signature)
+
+    def _tf_gathered_dataset(self) -> Any:
+        """Each epoch's minibatches gathered by ``tf.data`` from the data in memory: the plan's row indices are read
+        once per epoch (one Python call), the rows of every minibatch by ``tf.gather``."""
+        import tensorflow as tf
+
+        data, rows = self._rows
+        tensors = tf.nest.map_structure(tf.convert_to_tensor, keras.tree.lists_to_tuples(pack_batch(*data)))
+
+        def epoch_rows() -> tuple[np.ndarray, np.ndarray]:
+            parts = [rows(start, size) for start, size in self.plan]
+            flat = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+            return flat, np.array([len(p) for p in parts], np.int64)
+
+        def epoch(_: Any) -> Any:
+            flat, sizes = tf.numpy_function(epoch_rows, [], (tf.int64, tf.int64), stateful=True)
+            flat.set_shape([None])
+            sizes.set_shape([None])
+            starts = tf.cumsum(sizes, exclusive=True)
+            return tf.data.Dataset.from_tensor_slices((starts, sizes)).map(
+                lambda start, size: tf.nest.map_structure(lambda t: tf.gather(t, flat[start:start + size]), tensors))
+
+        return tf.data.Dataset.range(1).flat_map(epoch).prefetch(tf.data.AUTOTUNE)
 
     def close(self) -> None:
         """Stops the readers of abandoned epochs."""

@@ -159,6 +159,8 @@ class SampleStream:
         if self.num_samples == 0:
             raise ValueError("Invalid value for argument `x`: the training data is empty (0 samples).")
         self.has_h5py = any(is_h5py_dataset(leaf) for leaf in self.leaves)
+        #: Every array is a NumPy array in memory: reading a minibatch is a gather, faster than a reader thread.
+        self.in_memory = all(leaf is None or isinstance(leaf, np.ndarray) for leaf in self.leaves)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.rank = rank
@@ -210,11 +212,14 @@ class SampleStream:
         Returns:
             ``(x, y, sample_weight)`` with the structure of the data given to the constructor.
         """
-        self.check_minibatch_size(size)
-        lo, hi = share(start, size, self.rank, self.num_workers)
-        idx = self.indices(lo, hi)
+        idx = self.rows(start, size)
         leaves = [None if leaf is None else take(leaf, idx) for leaf in self.leaves]
         return pack(self.structure, leaves)
+
+    def rows(self, start: int, size: int) -> np.ndarray:
+        """The sample indices :meth:`read` gathers for the global minibatch ``[start, start + size)``."""
+        self.check_minibatch_size(size)
+        return self.indices(*share(start, size, self.rank, self.num_workers))
 
     def get_state(self) -> dict[str, Any]:
         """The stream's position and seed (plain data).

@@ -144,6 +144,20 @@ class Schedule:
     def _value(self, samples: int, minibatches: int) -> float:
         raise NotImplementedError
 
+    def holds_until(self, samples: int, minibatches: int = 0) -> tuple[float, float]:
+        """How far the value at a clock reading holds: it is the same at every later reading with fewer
+        samples and fewer minibatches than the returned pair (``math.inf``: no bound).
+
+        Lets a caller that reads the schedule at every step skip the readings that cannot change it. The
+        default, one sample and one minibatch on, claims nothing beyond the reading itself.
+
+        Example:
+            >>> from kfit.schedules import as_schedule
+            >>> as_schedule([0.1, 0.01], epoch_size=100).holds_until(40)
+            (100, inf)
+        """
+        return samples + 1, minibatches + 1
+
     def _params(self) -> dict[str, Any]:
         """The constructor arguments that rebuild this schedule (schedules among them left as objects)."""
         raise NotImplementedError
@@ -203,6 +217,9 @@ class Constant(Schedule):
     def _value(self, samples: int, minibatches: int) -> float:
         return float(self.value)
 
+    def holds_until(self, samples: int, minibatches: int = 0) -> tuple[float, float]:
+        return math.inf, math.inf
+
     def _params(self) -> dict[str, Any]:
         return {"value": self.value}
 
@@ -245,6 +262,12 @@ class PiecewiseConstant(Schedule):
     def _value(self, samples: int, minibatches: int) -> float:
         clock = minibatches if self.per_minibatch else samples
         return float(self.values[bisect.bisect_right(self.boundaries, clock)])
+
+    def holds_until(self, samples: int, minibatches: int = 0) -> tuple[float, float]:
+        clock = minibatches if self.per_minibatch else samples
+        k = bisect.bisect_right(self.boundaries, clock)
+        until = self.boundaries[k] if k < len(self.boundaries) else math.inf
+        return (math.inf, until) if self.per_minibatch else (until, math.inf)
 
     def _params(self) -> dict[str, Any]:
         return {

@@ -169,9 +169,23 @@ class HyperparameterSchedule:
             >>> momentum_per_sample(0.99).for_minibatch(0, 0, minibatch_size=2) == 0.99**2
             True
         """
+        return self.convert(self.value(samples, minibatches), minibatch_size)
+
+    def holds_until(self, samples: int, minibatches: int = 0) -> tuple[float, float]:
+        """How far :meth:`value` at this reading holds (see :meth:`kfit.schedules.Schedule.holds_until`)."""
+        return self.schedule.holds_until(samples, minibatches)
+
+    def convert(self, value: float, minibatch_size: int) -> float:
+        """What the optimizer uses for a minibatch of `B = minibatch_size` when the schedule's value is `value`
+        (:meth:`for_minibatch` is `convert(value(samples, minibatches), minibatch_size)`).
+
+        Example:
+            >>> from kfit.schedules import learning_rate_per_sample
+            >>> learning_rate_per_sample(0.001).convert(0.001, minibatch_size=64)
+            0.064
+        """
         if not _is_int(minibatch_size) or minibatch_size <= 0:
             raise _invalid("minibatch_size", "a positive integer", minibatch_size)
-        value = self.value(samples, minibatches)
         b, ref = minibatch_size, self.reference_minibatch_size
         if self.kind == "minibatch_size":
             return value

@@ -95,7 +95,7 @@ def fit(
     epoch_size: int | None = None,
     max_samples: int | None = None,
     seed: int | None = None,
-    prefetch: int = 2,
+    prefetch: int | None = None,
 ) -> keras.callbacks.History:
     """Trains ``model`` like ``model.fit``, on kfit's sample clock.
 
@@ -108,7 +108,8 @@ def fit(
     * ``max_samples``: stop after this many samples; with ``epochs`` too, the first bound reached ends
       training;
     * ``seed``: the seed of the data stream's shuffling (each sweep is shuffled by ``(seed, sweep)``);
-    * ``prefetch``: minibatches read ahead on a background thread.
+    * ``prefetch``: minibatches read ahead on a background thread (None: 2 from h5py datasets and
+      ``PyDataset``s, none from NumPy arrays in memory, whose gather is faster than a hand-off between threads).
 
     When none of these (nor a callback that needs the stream, such as ``kfit.callbacks.Checkpoint`` or
     ``MinibatchSizeSchedule``) is used, this is exactly ``model.fit`` plus kfit's clock: the same weights
@@ -487,7 +488,7 @@ class _StreamFit:
         self.stop_at = min(b for b in (o.max_samples, None if self.epochs is None else self.epochs * self.epoch_size)
                            if b is not None)
         self.num_epochs = math.ceil(self.stop_at / self.epoch_size)
-        self.prefetch = o.prefetch
+        self.prefetch = o.prefetch if o.prefetch is not None else 0 if getattr(self.stream, "in_memory", False) else 2
         return validation_data
 
     def _init_source(self, x: Any, y: Any, sample_weight: Any, o: FitOptions) -> None:
@@ -516,6 +517,16 @@ class _StreamFit:
         if self.class_weight is not None:
             sample_weight = _class_weights(y, self.class_weight)
         return x, y, sample_weight
+
+    def _rows_in_memory(self) -> tuple | None:
+        """``(data, rows)`` for :class:`StreamAdapter` when the training data is in memory, else None."""
+        stream = self.stream
+        if not getattr(stream, "in_memory", False):
+            return None
+        x, y, sample_weight = stream.structure
+        if self.class_weight is not None:
+            sample_weight = _class_weights(y, self.class_weight)
+        return (x, y, sample_weight), stream.rows
 
     def epoch_plan(self) -> list:
         """The ``(start, size)`` minibatches of the epoch beginning at the clock's reading."""
@@ -547,7 +558,7 @@ class _StreamFit:
             declared_batches(self.size_at, self.fixed_size, clock.samples, clock.minibatches, self.epoch_size,
                              self.stop_at, _plan.plan),
             batch_size=None if self.fixed_size is None else max(self.fixed_size // workers, 1),
-            prefetch=self.prefetch,
+            prefetch=self.prefetch, rows=self._rows_in_memory(),
         )
         if clock.samples < self.stop_at:
             first_size = _plan.next_minibatch(clock.samples, clock.minibatches, self.size_at, self.epoch_size,

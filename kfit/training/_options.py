@@ -47,7 +47,7 @@ class FitOptions:
     epoch_size: int | None = None
     max_samples: int | None = None
     seed: int | None = None
-    prefetch: int = 2
+    prefetch: int | None = None
 
     @classmethod
     def from_arguments(cls, *, batch_size: Any = None, callbacks: list | None = None, sample_weight: Any = None,
@@ -80,7 +80,7 @@ class FitOptions:
             _checks.count(name, getattr(options, name), low=1, allow_none=True)
         _checks.count("seed", options.seed, allow_none=True)
         _checks.count("initial_epoch", options.initial_epoch)
-        _checks.count("prefetch", options.prefetch)
+        _checks.count("prefetch", options.prefetch, allow_none=True)
         _checks.real("validation_split", options.validation_split, low=0.0, high=1.0, high_inclusive=False)
         _checks.choice("verbose", options.verbose, _VERBOSE)
         _checks.choice("shuffle", options.shuffle, _SHUFFLE)

@@ -46,24 +46,25 @@ def optimizer_arrays(net: keras.Model) -> dict:
 
 # -- fit ---------------------------------------------------------------------------------------------
 class RecordReads:
-    """Records the positions and samples this worker's stream reads once training has begun."""
+    """Records the positions and samples this worker's stream reads once training has begun (``rows`` gives the
+    sample indices of every minibatch read: by ``read`` on a reader thread, or gathered by tf.data)."""
 
     def __init__(self):
         self.reads: list = []
         self.on = False
         self.lock = threading.Lock()
-        original = SampleStream.read
+        original = SampleStream.rows
         recorder = self
 
-        def read(stream, start, size):
-            batch = original(stream, start, size)
+        def rows(stream, start, size):
+            indices = original(stream, start, size)
             if recorder.on:
                 lo, hi = share(start, size, stream.rank, stream.num_workers)
                 with recorder.lock:
-                    recorder.reads.append((start, size, lo, hi, stream.indices(lo, hi)))
-            return batch
+                    recorder.reads.append((start, size, lo, hi, indices))
+            return indices
 
-        SampleStream.read = read
+        SampleStream.rows = rows
 
 
 class StartRecording(keras.callbacks.Callback):
