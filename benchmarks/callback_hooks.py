@@ -1,0 +1,83 @@
+"""What kfit's schedule callbacks add to each training step's callback hooks under plain ``model.fit``.
+
+Keras's ``CallbackList`` is driven as ``model.fit`` drives it (``on_train_batch_begin``/``end`` for every step of
+an epoch), with no model step in between, so that only the hooks are timed: once with ``model.fit``'s own
+``History`` alone (A) and once with kfit's ``SampleClock``, ``LearningRateSchedule`` (per sample, two values) and
+``MomentumSchedule`` (time constant, two values) added (B). Both sides alternate in one process; the difference
+of the medians is what the callbacks cost per step, to be set against a step's time (``benchmarks/overhead.py``:
+about 250 us on JAX at minibatch 64, the fastest step measured there).
+
+Run:  python benchmarks/callback_hooks.py  [--repeats 9] [--backends jax] [--steps 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import BACKENDS, run_per_backend, setup_threads  # noqa: E402
+
+
+def measure(backend: str, repeats: int, steps: int) -> None:
+    import keras
+
+    import kfit
+
+    setup_threads()
+    batch, samples = 64, 64 * steps
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(0.01), loss="mse")
+
+    def callbacks(with_kfit: bool) -> list:
+        if not with_kfit:
+            return []
+        return [kfit.callbacks.SampleClock(batch_size=batch, num_samples=samples),
+                kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample([1e-4, 5e-5], epoch_size=samples)),
+                kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant([0, 1024], epoch_size=samples))]
+
+    def epoch(with_kfit: bool) -> float:
+        hooks = keras.callbacks.CallbackList(callbacks(with_kfit), model=model, add_history=True, add_progbar=False,
+                                             epochs=2, steps=steps, verbose=0)
+        hooks.on_train_begin()
+        start = time.perf_counter()
+        for e in range(2):  # two epochs: the schedules change value once
+            hooks.on_epoch_begin(e)
+            for step in range(steps):
+                hooks.on_train_batch_begin(step)
+                hooks.on_train_batch_end(step, {})
+            hooks.on_epoch_end(e, {"loss": 0.0})
+        elapsed = time.perf_counter() - start
+        hooks.on_train_end()
+        return elapsed / (2 * steps) * 1e6
+
+    epoch(False), epoch(True)  # warm up
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeats):
+        for with_kfit in (False, True):
+            times[with_kfit].append(epoch(with_kfit))
+    a, b = statistics.median(times[False]), statistics.median(times[True])
+    print(f"hooks per step, median of {repeats}: model.fit's own (A) {a:.1f} us, with kfit's schedule callbacks (B) "
+          f"{b:.1f} us; kfit adds {b - a:.1f} us per step", flush=True)
+    print(f"HOOKS {backend} A={a:.1f} B={b:.1f} added={b - a:.1f}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", help=argparse.SUPPRESS)
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=4096)
+    args = parser.parse_args()
+    if args.backend:
+        measure(args.backend, args.repeats, args.steps)
+        return 0
+    return run_per_backend(__file__, ["--repeats", str(args.repeats), "--steps", str(args.steps)],
+                           args.backends.split(","))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
