@@ -348,3 +348,57 @@ def data_adapter_base() -> type:
 
 
 DataAdapter = data_adapter_base()
+
+
+def jitted_train_step(model: Any) -> Any:
+    """Keras's jitted JAX train step, ``jit(train_step)``, inside ``model.train_function``; None off JAX, and when
+    one call runs several steps (``steps_per_execution``), the step is not jitted (``run_eagerly``,
+    ``jit_compile=False``) or a model distribution is set. Its ``lower(state, data).compile()`` compiles a shape
+    ahead: the step's own later call finds it compiled. Keras's ``make_train_function`` wraps the jitted step in
+    ``iterator_step`` (kfit's :func:`hold_writes` wraps that): found through the closures. Checked against Keras
+    3.10-3.15."""
+    if BACKEND != "jax" or steps_per_execution(model) != 1 or getattr(model, "run_eagerly", False):
+        return None
+    if not getattr(model, "jit_compile", True) or keras.distribution.distribution() is not None:
+        return None
+    todo, seen = [getattr(model, "train_function", None)], set()
+    while todo:
+        function = todo.pop()
+        if function is None or id(function) in seen:
+            continue
+        seen.add(id(function))
+        if type(function).__name__ == "PjitFunction" and hasattr(function, "lower"):
+            return function
+        for cell in getattr(function, "__closure__", None) or ():
+            try:
+                todo.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                pass
+    return None
+
+
+def train_state_specs(model: Any) -> tuple:
+    """The shapes and dtypes of the state Keras's JAX ``fit`` hands its train step: (trainable, non-trainable,
+    optimizer, metrics) variables, as ``jax.ShapeDtypeStruct`` lists. Checked against Keras 3.10-3.15."""
+    import jax
+
+    return tuple([jax.ShapeDtypeStruct(tuple(v.shape), v.value.dtype) for v in group]
+                 for group in _group_variables(model))
+
+
+def thread_state() -> Callable[[], None]:
+    """Captures Keras's per-thread global state (the distribution, scopes, settings) of the calling thread; the
+    returned function gives it to the thread that calls it, so that a train step traced there sees what the
+    training thread sees. Keras internal (``global_state``'s thread-locals), checked against Keras 3.10-3.15."""
+    from keras.src.backend.common import global_state
+
+    trackers = [t for t in (getattr(global_state, "GLOBAL_STATE_TRACKER", None),
+                            getattr(global_state, "GLOBAL_SETTINGS_TRACKER", None)) if t is not None]
+    snapshots = [(tracker, dict(vars(tracker))) for tracker in trackers]
+
+    def adopt() -> None:
+        for tracker, values in snapshots:
+            for name, value in values.items():
+                setattr(tracker, name, value)
+
+    return adopt

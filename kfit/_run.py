@@ -43,6 +43,8 @@ class Run:
         driver: sets ``clock.minibatch_size`` before each step and counts the step after (:class:`StepDriver`).
         resumed_mid_epoch: set by a restore: the epoch's training-metric state was restored and continues.
         manual: a clock attached by hand (:func:`kfit.clock.attach_clock`): callbacks driven outside any loop.
+        compile_ahead: under :func:`kfit.fit` on JAX, what compiles the train step for the coming minibatch sizes
+            (``kfit.training._compile_ahead``).
     """
 
     model: Any
@@ -56,6 +58,7 @@ class Run:
     driver: Any = None
     resumed_mid_epoch: bool = False
     manual: bool = False
+    compile_ahead: Any = None
     #: Training has begun (``on_train_begin``): a callback handed the model again belongs to a new run.
     begun: bool = False
     _ended: list = field(default_factory=list, repr=False)

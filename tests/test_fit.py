@@ -367,3 +367,88 @@ def test_clear_errors_before_training(case, tmp_path):
         kfit.fit(model, x, y, **kwargs)
     if before is not None:
         assert all(np.array_equal(a, b) for a, b in zip(before, weights(model)))
+
+
+# -- compiling ahead the step for the coming minibatch sizes (JAX) ------------------------------------
+
+
+def _backend_compiles(record):
+    """Records the name of every function XLA compiles (JAX), with the thread that compiles it."""
+    import threading
+
+    import jax
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration" and record.get("on"):
+            record["compiles"].append((kwargs.get("fun_name"), threading.current_thread().name))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+
+
+def test_a_minibatch_size_compiled_ahead_is_not_compiled_again_when_training_reaches_it():
+    from kfit.training._compile_ahead import CompileAhead
+
+    x, y = regression_data(96)
+    model = compiled(mlp())
+    kfit.fit(model, x, y, minibatch_size=8, epochs=1, seed=0, verbose=0)  # makes the train function
+    ahead = CompileAhead(model, (x[:8], y[:8]))
+    assert ahead.active == (BACKEND == "jax")  # TensorFlow and PyTorch compile nothing ahead
+    ahead.request([24])
+    ahead.wait()
+    ahead.close()
+    if BACKEND != "jax":
+        assert ahead.compiled == set()
+        return
+    assert ahead.compiled == {24} and ahead.errors == []
+    record = {"on": True, "compiles": []}
+    _backend_compiles(record)
+    kfit.fit(model, x, y, minibatch_size=24, epochs=1, seed=0, verbose=0)
+    record["on"] = False
+    assert not [name for name, _ in record["compiles"] if "train_step" in name]
+
+
+class GrabRun(keras.callbacks.Callback):
+    """Keeps the run object of the training it is part of."""
+
+    def on_train_begin(self, logs=None):
+        self.run = kfit._run.current_run(self.model)
+
+
+def test_a_minibatch_size_schedule_compiles_the_coming_sizes_ahead_and_trains_as_without(monkeypatch):
+    x, y = regression_data(100)
+    schedule = kfit.schedules.minibatch_size([8, 16, 32], epoch_size=100)  # epochs end on a 4-sample minibatch
+    results = {}
+    for ahead in ("1", "0"):
+        monkeypatch.setenv("KFIT_COMPILE_AHEAD", ahead)
+        keras.utils.set_random_seed(3)
+        model = compiled(mlp())
+        grab = GrabRun()
+        history = kfit.fit(model, x, y, minibatch_size=schedule, epoch_size=100, epochs=3, seed=1, verbose=0,
+                           callbacks=[grab])
+        results[ahead] = (model, history.history, grab.run.compile_ahead)
+    (with_model, with_logs, ahead), (without_model, without_logs, off) = results["1"], results["0"]
+    assert_same_weights(with_model, without_model)
+    assert with_logs == without_logs
+    assert not off.active and off.compiled == set()
+    assert not ahead.active  # closed when training ended: it keeps no step alive
+    if BACKEND == "jax":
+        # Epoch 1 trains 8s and a 4, epoch 2 16s and a 4, epoch 3 32s and a 4: the 8 compiles on its first step;
+        # the 4, 16 and 32 are asked for ahead (an epoch early for 16 and 32). Those the thread reached compiled.
+        assert ahead.errors == []
+        assert ahead._requested == {8, 4, 16, 32}
+        assert ahead.compiled <= {4, 16, 32} and ahead.compiled
+    else:
+        assert ahead._requested == set() and ahead.compiled == set()
+
+
+def test_a_model_compiled_again_trains_with_its_new_metrics_after_sizes_were_compiled_ahead():
+    """A jitted step kept alive keeps its traces in JAX's caches, where the step of the model compiled again
+    (the same ``train_step``) would find the old metrics: the helper lets go of it when training ends."""
+    x, y = regression_data(100)
+    schedule = kfit.schedules.minibatch_size([8, 16, 32], epoch_size=100)
+    model = compiled(mlp(), metrics=["mean_squared_error"])
+    first = kfit.fit(model, x, y, minibatch_size=schedule, epoch_size=100, epochs=3, seed=1, verbose=0)
+    compiled(model, metrics=["mean_absolute_error"])
+    second = kfit.fit(model, x, y, minibatch_size=schedule, epoch_size=100, epochs=3, seed=1, verbose=0)
+    assert sorted(first.history) == ["loss", "mean_squared_error"]
+    assert sorted(second.history) == ["loss", "mean_absolute_error"]

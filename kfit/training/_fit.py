@@ -25,6 +25,7 @@ from kfit.data._pydataset import PyDatasetStream
 from kfit.data._source import SourceAdapter, SourceDriver, batch_size_of
 from kfit.data._stream import SampleStream, dataset_length, flatten, is_sparse, is_streamable, pack, to_host
 from kfit.training import _plan, _validation
+from kfit.training._compile_ahead import CompileAhead
 from kfit.training._driver import PlanDriver
 from kfit.training._options import FitOptions, size_function
 from kfit.training._progress_bar import ProgressBar
@@ -287,6 +288,8 @@ class _RunControl(keras.callbacks.Callback):
         model, clock = fit.model, fit.clock
         fit.run.begun = True
         fit.release_writes = _backend.hold_writes(model)
+        if fit.source is None and not fit.distributed:
+            fit.run.compile_ahead = CompileAhead(model, fit.first_host)
         for checkpoint in fit.checkpoints:  # restoring is a step of the loop: after every on_train_begin
             checkpoint.resume()
         started_at = _backend.initial_epoch(model)
@@ -457,6 +460,7 @@ class _StreamFit:
         self.run = _run.Run(model, clock=clock, stream=self.stream, callbacks=list(self.callbacks),
                             history=self.history, kfit_fit=True, epochs=self.epochs, max_samples=self.max_samples)
         self.release_writes: Any = lambda: None
+        self.first_host: Any = None  # the first minibatch as read (NumPy): what the step is compiled ahead for
 
     def _init_stream(self, x: Any, y: Any, sample_weight: Any, validation_data: Any, o: FitOptions) -> Any:
         """kfit's stream over arrays or a PyDataset; returns the validation data (``validation_split`` cut)."""
@@ -536,6 +540,16 @@ class _StreamFit:
         plan = list(_plan.plan(clock.samples, clock.minibatches, self.size_at, self.epoch_size, end))
         if self.progbar is not None:
             self.progbar.plan_epoch([size for _, size in plan])
+        ahead = self.run.compile_ahead
+        if ahead is not None and ahead.active and plan:
+            # This epoch's first size compiles on its first step, if it is new; its other sizes and the next
+            # epoch's compile meanwhile, in the background.
+            ahead.seen([plan[0][1]])
+            ahead.request(size for _, size in plan)
+            following = min(end + self.epoch_size, self.stop_at)
+            if end < following:
+                ahead.request(size for _, size in _plan.plan(end, clock.minibatches + len(plan), self.size_at,
+                                                             self.epoch_size, following))
         return plan
 
     # -- the run ---------------------------------------------------------------------------------
@@ -566,6 +580,7 @@ class _StreamFit:
         else:
             first_size = self.fixed_size or 1
         first = pack_batch(*self.read(clock.samples % max(self.stream.num_samples, 1), max(first_size, workers)))
+        self.first_host = first
         return adapter, PlanDriver(self.model, adapter), _backend.to_tensors(first), self.fixed_size or first_size
 
     def train(self) -> keras.callbacks.History:
@@ -605,6 +620,8 @@ class _StreamFit:
                     steps_per_epoch=self.source.steps_per_epoch if self.source is not None else None,
                 )
         finally:
+            if self.run.compile_ahead is not None:
+                self.run.compile_ahead.close()
             self.release_writes()
             if isinstance(adapter, StreamAdapter):
                 adapter.close()

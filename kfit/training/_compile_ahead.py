@@ -1,0 +1,126 @@
+"""Compile the train step for the minibatch sizes that come next, on a background thread (JAX).
+
+A minibatch-size schedule hands the compiled step new shapes as training goes (256 → 4096, and the shorter
+minibatch that ends an epoch); under JAX each new shape compiles when its first step runs, and training waits.
+kfit's plan is a function of the clock, so the sizes of the next epoch are known while this one trains:
+:class:`CompileAhead` lowers and compiles Keras's own jitted step for them (``jit(train_step).lower(...).compile()``)
+while the current sizes train. When training reaches a new size its step is already compiled.
+
+On TensorFlow and PyTorch nothing is compiled ahead: TensorFlow traces a new shape on its first step, and
+PyTorch's step is not compiled (``jit_compile=True`` there compiles lazily, per shape). Neither is anything
+compiled ahead under data-parallel training, with ``steps_per_execution`` > 1, or with ``KFIT_COMPILE_AHEAD=0``.
+
+Example:
+    >>> from kfit.training._compile_ahead import CompileAhead
+    >>> ahead = CompileAhead(model=None, sample_batch=None)  # no jitted step: an inactive helper
+    >>> ahead.request([64, 128]); ahead.close(); sorted(ahead.compiled)
+    []
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from kfit import _backend
+
+_STOP = None
+
+
+class CompileAhead:
+    """Compiles Keras's jitted train step for per-worker minibatch sizes, one at a time, on a daemon thread.
+
+    Args:
+        model: the model being trained (its ``train_function`` made; None: inactive).
+        sample_batch: a host batch as the step receives it (NumPy leaves): its structure, dtypes and trailing
+            shapes; the leading dimension is replaced by each requested size.
+
+    Attributes:
+        compiled: the sizes compiled ahead so far.
+        errors: what failed to compile ahead (the step then compiles on its first call, as without this helper).
+    """
+
+    def __init__(self, model: Any, sample_batch: Any):
+        enabled = os.environ.get("KFIT_COMPILE_AHEAD", "1") != "0"
+        self._step = _backend.jitted_train_step(model) if enabled and model is not None else None
+        # The state's shapes, read now: Keras's JAX fit empties the variables while it trains.
+        self._state = _backend.train_state_specs(model) if self._step is not None else None
+        self._sample = sample_batch
+        self._requested: set[int] = set()
+        self.compiled: set[int] = set()
+        self.errors: list[str] = []
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether shapes are compiled ahead (JAX, a jitted step found)."""
+        return self._step is not None
+
+    def seen(self, sizes: Iterable[int]) -> None:
+        """Marks sizes whose step is compiled by training itself (the first one): not compiled again."""
+        self._requested.update(int(s) for s in sizes)
+
+    def request(self, sizes: Iterable[int]) -> None:
+        """Compiles the step for each size not requested before, in the order given."""
+        if self._step is None:
+            return
+        for size in sizes:
+            size = int(size)
+            if size in self._requested:
+                continue
+            self._requested.add(size)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, args=(_backend.thread_state(),),
+                                                name="kfit-compile-ahead", daemon=True)
+                self._thread.start()
+            self._queue.put(size)
+
+    def _run(self, adopt_thread_state: Any) -> None:
+        import jax
+        import numpy as np
+
+        adopt_thread_state()
+        while True:
+            size = self._queue.get()
+            if size is _STOP:
+                self._queue.task_done()
+                return
+            try:
+                data = jax.tree_util.tree_map(
+                    lambda a, rows=size: jax.ShapeDtypeStruct((rows, *np.shape(a)[1:]),
+                                                              jax.dtypes.canonicalize_dtype(np.asarray(a).dtype)),
+                    self._sample)
+                self._step.lower(self._state, data).compile()
+                self.compiled.add(size)
+            except Exception as error:  # the step compiles on its first call instead
+                self.errors.append(f"minibatch size {size}: {type(error).__name__}: {error}")
+            finally:
+                self._queue.task_done()
+
+    def wait(self) -> None:
+        """Waits until every size requested so far is compiled (or has failed)."""
+        if self._thread is not None:
+            self._queue.join()
+
+    def close(self) -> None:
+        """Drops the sizes not compiled yet, waits for the compile in progress (at most one) and lets go of the
+        step: a jitted step kept alive keeps its traces in JAX's caches, where a later ``jit`` of the same
+        ``train_step`` (after ``model.compile`` again, with other metrics) would find them."""
+        if self._thread is not None:
+            self._drain()
+        self._step = self._state = self._sample = None
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+            self._queue.task_done()
+        self._queue.put(_STOP)
+        self._thread.join()
+        self._thread = None
