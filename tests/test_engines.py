@@ -240,7 +240,6 @@ def test_the_jax_engines_gradient_sum_is_an_all_reduce_inside_the_compiled_step(
         assert info["hlo_callbacks"] == []  # no io_callback: the gradients never visit the host
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="the JAX engine's padding")
 def test_a_share_is_padded_with_copies_of_its_last_row_of_weight_zero():
     from kfit.distributed._jax_engine import pad_share
 

@@ -113,7 +113,7 @@ class StreamAdapter(_backend.DataAdapter):
     def get_jax_iterator(self) -> Iterator[Any]:
         # NumPy batches, as Keras's own array adapter hands JAX: the compiled step takes them in its fast path.
         # (JAX arrays made on the reader thread cost ~300 us more per step on a CPU: benchmarks/overhead.py.)
-        return self._batches(lambda batch: batch)
+        return self.get_numpy_iterator()
 
     def get_torch_dataloader(self) -> Any:
         return _Iterable(lambda: self._batches(_backend.to_tensors))
