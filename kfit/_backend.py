@@ -402,3 +402,27 @@ def thread_state() -> Callable[[], None]:
                 setattr(tracker, name, value)
 
     return adopt
+
+
+def tf_iterator_state(iterator: Any) -> np.ndarray | None:
+    """The state of a ``tf.data`` iterator as bytes (uint8), as ``tf.train.Checkpoint`` saves it: its position and
+    its pipeline's random state (a reshuffling ``shuffle``'s seed generator included), or None when the pipeline
+    cannot be saved (a ``py_function``, ``from_generator`` or a stateful random op in it: TensorFlow refuses under
+    the dataset's ``experimental_external_state_policy``, FAIL by default). TensorFlow internal (the iterator's
+    saveable ``_serialize_to_tensors``), checked against TensorFlow 2.21."""
+    import tensorflow as tf
+
+    try:
+        state = iterator._serialize_to_tensors()["_STATE"]
+        return np.frombuffer(tf.io.serialize_tensor(state).numpy(), dtype=np.uint8).copy()
+    except (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError, AttributeError, KeyError):
+        return None
+
+
+def set_tf_iterator_state(iterator: Any, state: np.ndarray) -> None:
+    """Puts a state from :func:`tf_iterator_state` into a new iterator over the same pipeline (also restoring the
+    pipeline's seed generators: the next iterator made from the dataset goes on from there)."""
+    import tensorflow as tf
+
+    variant = tf.io.parse_tensor(np.asarray(state, dtype=np.uint8).tobytes(), tf.variant)
+    iterator._restore_from_tensors({"_STATE": variant})

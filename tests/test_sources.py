@@ -106,11 +106,68 @@ def test_a_source_resumes_by_skipping_ahead_to_the_uninterrupted_run(kind, tmp_p
     history = kfit.fit(resumed, make(), epochs=epochs, seed=0, verbose=0, callbacks=[checkpoint], **options)
     # The step that reaches max_samples ends the run: 8 * 4 = 32; 50 (a pass) + 8 * 4 = 82 >= 80.
     assert checkpoint.restored_from.samples == (32 if kind == "generator" else 82)
-    assert "cannot seek: resuming at sample" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    if kind == "tf.data" and keras.backend.backend() == "tensorflow":  # it also restarts the epoch's saved pass
+        assert "restarts epoch 1 from its iterator's state" in err, err
+    else:
+        assert "cannot seek: resuming at sample" in err, err
     for a, b in zip(weights(reference), weights(resumed)):
         np.testing.assert_array_equal(a, b)
     assert kfit.get_clock(resumed).samples == 50 * epochs and history.epoch_summaries[-1].samples == (
         50 if kind != "generator" else 50 - 32)  # the last epoch: whole, or what was left after the resume
+
+
+@pytest.mark.parametrize("stop_at", [82, 100, 150])  # in epoch 1; where epoch 1 ends; where the last epoch ends
+def test_a_tf_data_pipeline_that_reshuffles_resumes_from_its_saved_iterator_state(stop_at, tmp_path, capfd):
+    """On TensorFlow the checkpoint holds the tf.data iterator's state as the epoch's pass began: a resumed run
+    sees the shuffle order the uninterrupted run saw in that epoch and the next (skipping ahead alone would replay
+    the first epoch's order). Elsewhere Keras reads tf.data inside its own adapter: the run skips ahead."""
+    def reshuffling():
+        return tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(50, seed=7).batch(8)
+
+    reference = compiled(mlp())
+    kfit.fit(reference, reshuffling(), epochs=4, seed=0, verbose=0)
+    path = tmp_path / "run.ckpt"
+    kfit.fit(compiled(mlp()), reshuffling(), epochs=4, max_samples=stop_at, seed=0, verbose=0,
+             callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)])
+    capfd.readouterr()
+    resumed = compiled(mlp())
+    checkpoint = kfit.callbacks.Checkpoint(path, frequency=1000)
+    kfit.fit(resumed, reshuffling(), epochs=4, seed=0, verbose=0, callbacks=[checkpoint])
+    err = capfd.readouterr().err
+    assert checkpoint.restored_from.samples == stop_at
+    assert kfit.get_clock(resumed).samples == 200
+    same = all(np.array_equal(a, b) for a, b in zip(weights(reference), weights(resumed)))
+    if keras.backend.backend() == "tensorflow":
+        assert f"restarts epoch {stop_at // 50} from its iterator's state" in err, err
+        assert same, "the resumed run did not see the uninterrupted run's shuffle order"
+    else:
+        assert "cannot seek: resuming at sample" in err, err
+        assert not same  # (documented: skipping ahead replays the first pass's order)
+
+
+def test_a_tf_data_pipeline_tensorflow_cannot_save_resumes_by_skipping_ahead(tmp_path, capfd):
+    """A py_function in the pipeline: TensorFlow cannot save its iterator, and the run says it skips ahead."""
+    def with_py_function():
+        def identity(x, y):
+            x_again = tf.py_function(lambda v: v, [x], tf.float32)
+            x_again.set_shape(x.shape)
+            return x_again, y
+
+        return tf.data.Dataset.from_tensor_slices((X, Y)).map(identity).batch(8)
+
+    path = tmp_path / "run.ckpt"
+    kfit.fit(compiled(mlp()), with_py_function(), epochs=3, max_samples=82, seed=0, verbose=0,
+             callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)])
+    reference = compiled(mlp())
+    kfit.fit(reference, with_py_function(), epochs=3, seed=0, verbose=0)
+    capfd.readouterr()
+    resumed = compiled(mlp())
+    kfit.fit(resumed, with_py_function(), epochs=3, seed=0, verbose=0,
+             callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)])
+    assert "cannot seek: resuming at sample 82 by drawing and dropping the first 32 samples" in capfd.readouterr().err
+    for a, b in zip(weights(reference), weights(resumed)):  # the same order at every pass: exact all the same
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_minibatch_size_schedule_on_a_source_that_batches_itself_is_refused():

@@ -104,7 +104,8 @@ META: Spec = record({
     "clock": optional(record({"samples": COUNT, "minibatches": COUNT},
                              {"epoch_size": optional(COUNT), "minibatch_size": optional(COUNT)})),
     "stream": optional(record({}, {"position": COUNT, "seed": optional(INT), "shuffle": BOOL,
-                                   "num_samples": optional(COUNT)})),
+                                   "num_samples": optional(COUNT), "kind": STR,
+                                   "pass": COUNT})),
     "callbacks": dict_of(ANY),
     "history": optional(record({"epoch": list_of(ANY), "history": dict_of(list_of(ANY))})),
     "rng": record({

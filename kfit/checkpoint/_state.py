@@ -408,8 +408,14 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
         except CheckpointMismatchError as mismatch:
             restore.notes.append(f"The training metrics are not restored (they start afresh): {mismatch}")
 
-    if parts.stream is not None and meta.get("stream"):
-        saved, have = meta["stream"].get("num_samples"), parts.stream.num_samples
+    saved_stream = meta.get("stream") or None
+    if saved_stream is not None and parts.stream is not None and (
+            saved_stream.get("kind", "stream") != getattr(parts.stream, "state_kind", "stream")):
+        # Saved on a tf.data pipeline and resumed on arrays (or the other way): the clock positions the data.
+        restore.notes.append("The data's saved position is for another kind of data source: the clock positions it.")
+        saved_stream = None
+    if parts.stream is not None and saved_stream is not None:
+        saved, have = saved_stream.get("num_samples"), parts.stream.num_samples
         if saved is not None and saved != have:
             raise CheckpointMismatchError(
                 f"The checkpoint {file!r} was taken on training data of {saved} samples, and this run's data holds "

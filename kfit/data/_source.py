@@ -8,6 +8,12 @@ epochs: a minibatch-size schedule is refused, and an epoch is one pass over the 
 A run resumed on such a source skips ahead: it draws and drops the minibatches the interrupted run had
 trained in the epoch it resumes (a generator that is never restarted: every minibatch since the start),
 which reproduces the interrupted run when the source yields the same minibatches in the same order.
+
+On TensorFlow, a ``tf.data`` pipeline read from its start at every epoch also has a state of its own: the
+checkpoint holds its iterator's state as the epoch's pass began (its shuffle order and random state, as
+``tf.train.Checkpoint`` saves it), and a resumed run opens that same pass before it skips ahead: a pipeline that
+reshuffles at every epoch resumes exactly. A pipeline TensorFlow cannot save (a ``py_function``,
+``from_generator`` or a stateful random op in it) skips ahead only.
 """
 
 from __future__ import annotations
@@ -80,6 +86,10 @@ class SourceAdapter(_backend.DataAdapter):
             ``PyDataset``); False for a generator, which goes on where it stopped.
     """
 
+    #: The kind of state :meth:`get_state` returns (a checkpoint restores it only into the same kind).
+    state_kind = "tf.data"
+    num_samples = None
+
     def __init__(self, inner: Any, restarts: bool, steps_per_epoch: int | None = None):
         self.inner = inner
         self.restarts = restarts
@@ -103,6 +113,16 @@ class SourceAdapter(_backend.DataAdapter):
         #: Steps counted since training began (kept by the driver).
         self.steps = 0
         self.driver: SourceDriver | None = None
+        #: TensorFlow, a tf.data pipeline read from its start at every epoch: a checkpoint saves the state its
+        #: iterator had when the pass in progress began (None when TensorFlow cannot save the pipeline).
+        self._saves_passes = (_backend.BACKEND == "tensorflow" and type(inner).__name__ == "TFDatasetAdapter"
+                              and not self.continues)
+        self._pass_index = -1  # the pass in progress, counted from 0 (one per epoch)
+        self._pass_state: np.ndarray | None = None
+        self._restored_pass: tuple[int, np.ndarray] | None = None  # (pass, state) from a checkpoint
+        self._reopen: tuple[np.ndarray, bool] | None = None  # (state, the pass after the saved one) for _new_pass
+        #: True when :meth:`resume` opens the saved pass again (else it only skips ahead).
+        self.reopens = False
 
     @property
     def num_batches(self) -> int | None:
@@ -166,14 +186,21 @@ class SourceAdapter(_backend.DataAdapter):
         epoch, step = divmod(in_pass, per_epoch)
         return passes * math.ceil(per_pass / per_epoch) + epoch, step
 
-    def resume(self, samples_in_epoch: int, samples: int, steps_in_epoch: int) -> int:
-        """Positions the source for a run resumed mid-run; returns the samples it will drop.
+    def resume(self, samples_in_epoch: int, samples: int, steps_in_epoch: int, epoch: int) -> int:
+        """Positions the source for a run resumed in ``epoch``; returns the samples it will drop.
 
-        A source read from its start at every epoch drops the epoch's first ``samples_in_epoch`` samples;
-        one read on across epochs drops the first ``samples`` of the run, and the epoch in progress ends after
-        the ``steps_per_epoch - steps_in_epoch`` steps it has left (or where its pass ends).
+        A source read from its start at every epoch drops the epoch's first ``samples_in_epoch`` samples (from
+        the pass saved in the checkpoint when it holds one, see :meth:`set_state`); one read on across epochs
+        drops the first ``samples`` of the run, and the epoch in progress ends after the
+        ``steps_per_epoch - steps_in_epoch`` steps it has left (or where its pass ends).
         """
         self._skip = samples if self.continues else samples_in_epoch
+        restored, self._restored_pass = self._restored_pass, None
+        # The saved pass is the epoch's own (saved mid-epoch), or the one before it (saved as that epoch ended).
+        if restored is not None and not self.continues and restored[0] in (epoch, epoch - 1):
+            self._reopen = (restored[1], restored[0] == epoch - 1)
+            self._pass_index = epoch - 1
+            self.reopens = True
         if self.steps_per_epoch is not None and steps_in_epoch:
             self._limit = self.steps_per_epoch - steps_in_epoch
         return self._skip
@@ -192,7 +219,36 @@ class SourceAdapter(_backend.DataAdapter):
         return current is not None and current.done and steps - self._steps_at_open >= len(current.sizes)
 
     def _new_pass(self) -> None:
-        self._underlying = iter(self._passes())
+        reopen, self._reopen = self._reopen, None
+        if reopen is None:
+            self._underlying = iter(self._passes())
+        else:
+            state, following = reopen
+            if following:  # the saved pass's random state, then the pass that followed it
+                _backend.set_tf_iterator_state(iter(self._passes()), state)
+            self._underlying = iter(self._passes())
+            if not following:
+                _backend.set_tf_iterator_state(self._underlying, state)
+        self._pass_index += 1
+        if self._saves_passes:
+            self._pass_state = _backend.tf_iterator_state(self._underlying)
+            self._saves_passes = self._pass_state is not None  # TensorFlow cannot save this pipeline: not tried again
+
+    def get_state(self) -> dict[str, Any] | None:
+        """What a checkpoint saves of the source: on TensorFlow, the state of the ``tf.data`` iterator as the pass
+        in progress began, and which pass it is; None for a source with no state of its own (it skips ahead)."""
+        if not self._saves_passes or self._pass_state is None:
+            return None
+        return {"kind": "tf.data", "pass": self._pass_index, "iterator": self._pass_state}
+
+    def set_state(self, state: dict[str, Any] | None) -> None:
+        """Keeps a state from :meth:`get_state` for :meth:`resume`."""
+        if state is None:
+            self._restored_pass = None
+            return
+        if state.get("kind") != "tf.data" or "iterator" not in state:
+            raise ValueError(f"The saved source state is not a tf.data iterator's: keys {sorted(state)}.")
+        self._restored_pass = (int(state["pass"]), np.asarray(state["iterator"], dtype=np.uint8))
 
     def _drop(self, samples: int) -> int:
         """Draws and drops ``samples`` samples; returns how many batches of the pass now open it dropped."""

@@ -332,10 +332,15 @@ class _RunControl(keras.callbacks.Callback):
             epoch, steps_in_epoch = clock.epoch, 0
             mid_epoch = clock.samples_in_epoch > 0
         _backend.set_initial_epoch(fit.model, epoch)
-        skip = source.resume(clock.samples_in_epoch, clock.samples, steps_in_epoch)
-        print(f"kfit: a {type(source.inner).__name__.removesuffix('DataAdapter')} source cannot seek: resuming at "
-              f"sample {clock.samples} by drawing and dropping the first {skip} samples it yields"
-              f"{'' if source.continues else ' in epoch ' + str(epoch)}.", file=sys.stderr)
+        skip = source.resume(clock.samples_in_epoch, clock.samples, steps_in_epoch, epoch)
+        if source.reopens:
+            print(f"kfit: resuming at sample {clock.samples}: the tf.data pipeline restarts epoch {epoch} from its "
+                  f"iterator's state saved in the checkpoint (its shuffle order and random state), and the first "
+                  f"{skip} samples it yields are drawn and dropped.", file=sys.stderr)
+        else:
+            print(f"kfit: a {type(source.inner).__name__.removesuffix('DataAdapter')} source cannot seek: resuming at "
+                  f"sample {clock.samples} by drawing and dropping the first {skip} samples it yields"
+                  f"{'' if source.continues else ' in epoch ' + str(epoch)}.", file=sys.stderr)
         return mid_epoch
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
@@ -457,7 +462,8 @@ class _StreamFit:
         self.summaries = EpochSummaries(self.history)
         self.callbacks = ordered_callbacks(callbacks + [self.summaries])
         self.checkpoints = [c for c in self.callbacks if getattr(c, "writes_checkpoints", False)]
-        self.run = _run.Run(model, clock=clock, stream=self.stream, callbacks=list(self.callbacks),
+        self.run = _run.Run(model, clock=clock, stream=self.stream if self.source is None else self.source,
+                            callbacks=list(self.callbacks),
                             history=self.history, kfit_fit=True, epochs=self.epochs, max_samples=self.max_samples)
         self.release_writes: Any = lambda: None
         self.first_host: Any = None  # the first minibatch as read (NumPy): what the step is compiled ahead for

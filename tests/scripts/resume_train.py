@@ -6,7 +6,8 @@ Trains a small model with Dropout (seed-generator state), kfit's MomentumSGD (sl
 variable), a minibatch-size schedule, a learning-rate schedule callback, ``epoch_size`` apart from the data
 size, and a Checkpoint every 110 samples (mid-epoch, some while the minibatch size changes). With
 ``KFIT_RESUME_SOURCE=tf.data|DataLoader|generator`` it trains on that source instead (fixed minibatches of
-16; no minibatch-size schedule, which such a source refuses), resumed by skipping ahead. With
+16; no minibatch-size schedule, which such a source refuses), resumed by skipping ahead (tf.data, reshuffled at
+every pass, from its iterator's saved state). With
 ``restore=True`` every start resumes from the newest intact checkpoint. Prints one JSON line when training
 starts (what was restored), and on completion writes the final weights, optimizer variables and history to
 RESULT (``.npz`` + ``.json``). The parent test kills this process at random points and restarts it.
@@ -53,12 +54,13 @@ class AnnounceStart(kfit.callbacks.KfitCallback):
 
 
 def _source(kind: str, x: np.ndarray, y: np.ndarray) -> tuple:
-    """The same 200 samples in minibatches of 16 (the last of a pass: 8), in the same order at every pass, from
-    a source that batches by itself; and the fit options it needs."""
+    """The same 200 samples in minibatches of 16 (the last of a pass: 8) from a source that batches by itself, in
+    the same order at every pass, except tf.data's, which reshuffles at every pass (seeded: its iterator state in
+    the checkpoint resumes it); and the fit options it needs."""
     if kind == "tf.data":
         import tensorflow as tf
 
-        return tf.data.Dataset.from_tensor_slices((x, y)).batch(16), {}
+        return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=5).batch(16), {}
     if kind == "DataLoader":
         dataset = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
         return torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=False), {}
