@@ -4,6 +4,8 @@ An :class:`Interval` is N samples (``"50000sp"``), N minibatches (``"100mb"``) o
 Composer's time strings. Callbacks that act "every N" (``Checkpoint(frequency=...)``,
 ``CrossValidation(frequency=...)``) take an Interval, its string, or a plain int (samples, the CNTK meaning), and
 ask the clock whether the step it has just counted crossed one: ``clock.crossed(interval)``.
+``ProgressPrinter(freq=...)`` takes an Interval or its string too (its int keeps CNTK's meaning: minibatches of an
+epoch).
 
 Example:
     >>> from kfit import Clock

@@ -112,6 +112,22 @@ def test_geometric_intervals_and_first_minibatches(tmp_path):
         assert sum(1 for line in lines if EPOCH.match(line)) == 1
 
 
+def test_an_interval_in_samples_prints_the_same_lines_whatever_the_minibatch_size(tmp_path):
+    x, y = data(n=96)
+    spans = {}
+    for size in (8, 12):
+        log = tmp_path / f"{size}.log"
+        kfit.fit(classifier(), x, y, minibatch_size=size, epochs=1, seed=0, verbose=0,
+                 callbacks=[ProgressPrinter(freq="24sp", log_to_file=log)])
+        intervals = [MINIBATCH.match(line) for line in lines_of(log) if MINIBATCH.match(line)]
+        spans[size] = [(int(i[1]) * size, int(i[2]) * size, int(i[4])) for i in intervals]
+    # (samples at the end of the line's first minibatch, at its end, samples in the line): a line every 24 samples.
+    assert spans[8] == [(8, 24, 24), (32, 48, 24), (56, 72, 24), (80, 96, 24)]
+    assert spans[12] == [(12, 24, 24), (36, 48, 24), (60, 72, 24), (84, 96, 24)]
+    with pytest.raises(ValueError, match="`freq`.*'50000sp'.*Received: freq='24 samples'"):
+        ProgressPrinter(freq="24 samples")
+
+
 def test_hyperparameter_and_minibatch_size_lines(tmp_path):
     x, y = data(n=100)
     log = tmp_path / "progress.log"

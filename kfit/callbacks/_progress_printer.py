@@ -19,6 +19,7 @@ from kfit.callbacks._running_means import (
     without_step_end,
 )
 from kfit.clock import Clock
+from kfit.interval import Interval
 
 _EVALUATION_COUNTS = ("samples", "minibatches", "index", "average_error")
 
@@ -83,9 +84,11 @@ class ProgressPrinter(KfitCallback):
     with six decimals. Only the chief worker prints.
 
     Args:
-        freq: a ``Minibatch`` line every ``freq`` minibatches; 0: at geometrically growing intervals of 1, 2,
-            4, 8, ... minibatches (after minibatches 1, 3, 7, 15, ..., as CNTK); None (CNTK's default): epoch
-            lines only.
+        freq: a ``Minibatch`` line every ``freq`` minibatches of an epoch (CNTK's meaning); 0: at geometrically
+            growing intervals of 1, 2, 4, 8, ... minibatches (after minibatches 1, 3, 7, 15, ..., as CNTK); None
+            (CNTK's default): epoch lines only. Or a :class:`kfit.Interval` on the clock, or its string: a line
+            whenever a step crosses a multiple of ``"5000sp"`` (samples: the same lines whatever the minibatch
+            size), ``"100mb"`` (steps since the run began) or ``"1ep"``.
         first: the first ``first`` minibatches of each epoch get a line each.
         tag: printed as ``[tag] `` before every line.
         log_to_file: a file the lines are appended to (a restarted run appends, never truncates), instead
@@ -94,13 +97,16 @@ class ProgressPrinter(KfitCallback):
         name: the key of this callback's state in checkpoints.
 
     Raises:
-        ValueError: if ``freq`` or ``first`` is negative or not an integer, or another argument is invalid.
+        ValueError: if ``freq`` is not a count, an Interval or its string, if ``first`` is negative or not an
+            integer, or if another argument is invalid.
 
     Example:
         >>> import kfit
         >>> printer = kfit.callbacks.ProgressPrinter(freq=100, first=5, tag="mnist")
         >>> printer.freq, printer.first
         (100, 5)
+        >>> kfit.callbacks.ProgressPrinter(freq="5000sp").freq
+        Interval(5000, 'sp')
         >>> # kfit.fit(model, x, y, minibatch_size=64, callbacks=[printer])
     """
 
@@ -108,7 +114,7 @@ class ProgressPrinter(KfitCallback):
 
     def __init__(
         self,
-        freq: int | None = None,
+        freq: int | str | Interval | None = None,
         first: int = 0,
         tag: str = "",
         log_to_file: str | os.PathLike | None = None,
@@ -116,7 +122,10 @@ class ProgressPrinter(KfitCallback):
         name: str | None = None,
     ):
         super().__init__(name=name)
-        freq = _checks.count("freq", freq, allow_none=True)  # 0: geometric intervals; None: epoch lines only
+        if isinstance(freq, (str, Interval)):
+            freq = Interval.parse(freq, name="freq", default_unit="mb")  # on the clock
+        else:
+            freq = _checks.count("freq", freq, allow_none=True)  # 0: geometric intervals; None: epoch lines only
         first = _checks.count("first", first)
         if not isinstance(tag, str):
             raise ValueError(f"Invalid value for argument `tag`: expected a string. Received: tag={tag!r}")
@@ -195,7 +204,11 @@ class ProgressPrinter(KfitCallback):
             self.log(f"Minibatch size: {clock.minibatch_size}")
 
     def on_step_end(self, clock: Clock, logs: dict | None) -> None:
-        if not is_due(self._intervals.index(clock), self.freq, self.first) or not distributed.is_chief():
+        if isinstance(self.freq, Interval):
+            due = clock.crossed(self.freq) or self._intervals.index(clock) <= self.first
+        else:
+            due = is_due(self._intervals.index(clock), self.freq, self.first)
+        if not due or not distributed.is_chief():
             return
         if self._keys is None and logs:
             self._keys = training_keys(logs)
