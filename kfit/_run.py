@@ -28,6 +28,53 @@ _CURRENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> it
 _LAST_CLOCK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the clock of its last run
 
 
+class RunLoop:
+    """What the loop that drives a run does for its callbacks, where loops differ. This base is :func:`kfit.fit`'s
+    loop: it restores checkpoints itself, as a step of the loop (``kfit.training._fit._RunControl``), and its
+    checkpoints resume exactly, also in the middle of an epoch. Plain ``model.fit``'s is
+    ``kfit.callbacks._model_fit.ModelFitLoop``: no callback asks which loop drives it.
+    """
+
+    #: Checkpoints of this loop resume exactly, also mid-epoch, with the epoch's metric state (``kfit_fit`` in them).
+    exact_resume = True
+
+    def member_began(self, run: Run, callback: Any) -> None:
+        """``callback``'s ``on_train_begin`` ran."""
+
+    def member_ended(self, run: Run, callback: Any) -> None:
+        """``callback``'s ``on_train_end`` ran."""
+
+    def prepare_restore(self, run: Run, restore: Any) -> int | None:
+        """Adjusts a planned restore (``kfit.checkpoint._state.Restore``) before it is applied; returns the epoch the
+        loop must start from when the loop cannot resume where the clock stands (else None)."""
+        return None
+
+    def finished_epoch(self, run: Run, params: dict | None, restored_epoch: int | None) -> int | None:
+        """The epoch to start from when a restored run had finished and trains nothing (None: the loop stops it)."""
+        return None
+
+    def bound_reached(self, run: Run, params: dict | None, epochs_done: int) -> str | None:
+        """The bound of the run its clock has reached (``"reached epochs=4"``), or None while training is left."""
+        reached = run.bound_reached() if run.clock is not None else None
+        if reached is not None or (run.clock is not None and run.clock.epoch_size):
+            return reached
+        return epochs_reached(run, params, epochs_done)  # (a source's epoch length is not known yet)
+
+    def end_reached(self, run: Run, params: dict | None, restored_epoch: int | None) -> str | None:
+        """Whether the bound of the run (its epochs, ``max_samples``) lies at or before a restored clock."""
+        return self.bound_reached(run, params, 0)
+
+
+def epochs_reached(run: Run, params: dict | None, epochs_done: int | None) -> str | None:
+    """``"reached epochs=E"`` once ``epochs_done`` reaches the epochs of ``model.fit``'s ``params`` (or of the run)."""
+    epochs = (params or {}).get("epochs")
+    if epochs is None:
+        epochs = run.epochs
+    if epochs is not None and epochs_done is not None and epochs_done >= epochs:
+        return f"reached epochs={epochs}"
+    return None
+
+
 @dataclass(eq=False)
 class Run:
     """The parts of one training run: those a checkpoint saves and restores, and those its loop drives.
@@ -38,7 +85,8 @@ class Run:
         stream: the training data stream (None under plain ``model.fit`` and on a source that batches itself).
         callbacks: every callback of the run, in calling order (under plain ``model.fit``: its kfit callbacks).
         history: the run's ``keras.callbacks.History``.
-        kfit_fit: True under :func:`kfit.fit` (its checkpoints resume exactly, also mid-epoch).
+        loop: what the loop driving the run does for its callbacks (:class:`RunLoop`): :func:`kfit.fit`'s, or plain
+            ``model.fit``'s, set when the first kfit callback joins the run.
         epochs, max_samples: the bounds of the run (None when not given).
         driver: sets ``clock.minibatch_size`` before each step and counts the step after (:class:`StepDriver`).
         resumed_mid_epoch: set by a restore: the epoch's training-metric state was restored and continues.
@@ -52,7 +100,7 @@ class Run:
     stream: Any = None
     callbacks: list = field(default_factory=list)
     history: Any = None
-    kfit_fit: bool = False
+    loop: RunLoop | None = None
     epochs: int | None = None
     max_samples: int | None = None
     driver: Any = None
@@ -61,7 +109,11 @@ class Run:
     compile_ahead: Any = None
     #: Training has begun (``on_train_begin``): a callback handed the model again belongs to a new run.
     begun: bool = False
-    _ended: list = field(default_factory=list, repr=False)
+
+    @property
+    def kfit_fit(self) -> bool:
+        """True when the run's loop resumes checkpoints exactly (:func:`kfit.fit`'s)."""
+        return self.loop is not None and self.loop.exact_resume
 
     def flush(self) -> None:
         """Counts the step in progress on the clock (once), if it has not been counted yet."""
@@ -80,13 +132,19 @@ class Run:
             return f"reached epochs={self.epochs}"
         return None
 
+    def members(self) -> list:
+        """The run's kfit callbacks."""
+        return [c for c in self.callbacks if hasattr(c, "on_step_begin")]
+
+    def member_began(self, callback: Any) -> None:
+        """``callback``'s ``on_train_begin`` ran (told to the run's loop)."""
+        if self.loop is not None:
+            self.loop.member_began(self, callback)
+
     def member_ended(self, callback: Any) -> None:
-        """``callback``'s ``on_train_end`` ran; the run ends when every member's has (plain ``model.fit``)."""
-        if not any(c is callback for c in self._ended):
-            self._ended.append(callback)
-        members = [c for c in self.callbacks if hasattr(c, "on_step_begin")]
-        if not self.kfit_fit and not self.manual and all(any(c is e for e in self._ended) for c in members):
-            end(self)
+        """``callback``'s ``on_train_end`` ran (told to the run's loop)."""
+        if self.loop is not None:
+            self.loop.member_ended(self, callback)
 
 
 def start(run: Run) -> Run:

@@ -494,6 +494,45 @@ def test_plain_model_fit_saves_and_restores_what_it_can(tmp_path):
     assert getattr(resumed, "_initial_epoch", None) is None  # not left for the next fit
 
 
+class StepCounter(kfit.callbacks.KfitCallback):
+    """A user's callback in Keras's usual style: it starts afresh in on_train_begin, and has a state."""
+
+    default_name = "step_counter"
+
+    def on_train_begin(self, logs=None):
+        self.steps = 0
+
+    def on_step_end(self, clock, logs):
+        self.steps += 1
+
+    def get_state(self):
+        return {"steps": self.steps}
+
+    def set_state(self, state):
+        self.steps = state["steps"]
+
+
+@pytest.mark.parametrize("checkpoint_first", [True, False])
+def test_plain_model_fit_restores_after_every_kfit_callback_has_begun(tmp_path, checkpoint_first):
+    """The restore is a step taken once every kfit callback has begun, wherever the Checkpoint stands in
+    model.fit's list: a callback that starts afresh in its on_train_begin keeps the state restored into it."""
+    x, y = data(96)
+    path = tmp_path / "run.ckpt"
+
+    def run(epochs):
+        checkpoint, counter = kfit.callbacks.Checkpoint(path, epochs=1), StepCounter()
+        others = [kfit.callbacks.SampleClock(batch_size=16, num_samples=96), counter]
+        callbacks = [checkpoint, *others] if checkpoint_first else [*others, checkpoint]
+        make_model().fit(x, y, batch_size=16, epochs=epochs, verbose=0, callbacks=callbacks)
+        return checkpoint, counter
+
+    assert run(1)[1].steps == 6
+    with pytest.warns(UserWarning, match="Train with kfit.fit"):
+        checkpoint, counter = run(2)
+    assert checkpoint.restored_from.samples == 96
+    assert counter.steps == 12  # 6 restored, 6 trained
+
+
 def test_plain_model_fit_mid_epoch_restarts_the_epoch(tmp_path):
     x, y = data(96)
     model = built(make_model(), x)

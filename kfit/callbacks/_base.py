@@ -7,6 +7,7 @@ from typing import Any
 import keras
 
 from kfit import _run
+from kfit.callbacks._model_fit import ModelFitLoop
 from kfit.clock import Clock
 
 NO_CLOCK_MESSAGE = (
@@ -19,7 +20,7 @@ NO_CLOCK_MESSAGE = (
 def _flushing(hook: Any) -> Any:
     """Wraps an epoch/train hook so that the clock has counted the last step (a step is counted at its batch
     end only when some callback makes Keras dispatch batch ends synchronously); marks the run begun, and
-    ended after every one of its kfit callbacks' ``on_train_end``."""
+    tells the run's loop when the callback has begun (``on_train_begin``) and ended (``on_train_end``)."""
 
     name = getattr(hook, "__name__", "hook")
 
@@ -29,6 +30,17 @@ def _flushing(hook: Any) -> Any:
             return hook(self, *args, **kwargs)
         run.flush()
         run.begun = True
+        if name == "on_train_begin":
+            outermost = not getattr(self, "_kfit_beginning", False)  # (a subclass's hook calls its base's)
+            self._kfit_beginning = True
+            try:
+                result = hook(self, *args, **kwargs)
+            finally:
+                if outermost:
+                    self._kfit_beginning = False
+            if outermost:
+                run.member_began(self)
+            return result
         try:
             return hook(self, *args, **kwargs)
         finally:
@@ -90,6 +102,8 @@ class KfitCallback(keras.callbacks.Callback):
     def set_model(self, model: Any) -> None:
         super().set_model(model)
         self._run = _run.join(model, self)
+        if self._run.loop is None:  # no kfit loop drives this run: plain model.fit's
+            self._run.loop = ModelFitLoop()
 
     def peers(self) -> list:
         """The kfit callbacks of the current run (this one included), in calling order."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import math
 import os
 import signal
 import sys
@@ -27,14 +26,6 @@ from kfit.checkpoint._format import (
 )
 from kfit.clock import Clock
 from kfit.interval import Interval
-
-MODEL_FIT_NOTE = (
-    "Checkpoint under plain model.fit: the weights, optimizer, metrics, clock and callback states are "
-    "restored, and training goes on from the start of epoch {epoch} (Keras's BackupAndRestore does the same). "
-    "model.fit cannot start in the middle of an epoch and shuffles with its own random state, so the run is "
-    "not bit-identical to one that was never interrupted. Train with kfit.fit(model, ...) for an exact "
-    "resume, also in the middle of an epoch."
-)
 
 
 class _BackgroundWriter:
@@ -141,8 +132,8 @@ class Checkpoint(KfitCallback):
 
     Under plain ``model.fit`` the callback saves and restores everything it can reach (add a
     :class:`SampleClock` for sample frequencies); model.fit then goes on from the start of the saved epoch,
-    not bit-identically. Put the Checkpoint last in model.fit's callbacks so it restores after the others
-    reset themselves. Exact resumption needs ``kfit.fit``.
+    not bit-identically. The restore comes after every kfit callback's ``on_train_begin``, wherever the
+    Checkpoint stands in model.fit's list. Exact resumption needs ``kfit.fit``.
 
     Args:
         path: the checkpoint file (its directory is created if needed).
@@ -243,7 +234,6 @@ class Checkpoint(KfitCallback):
         self._steps_unsaved = 0
         self._epochs_done = 0
         self._history_epochs: list | None = None
-        self._noted_model_fit = False
         self._set_initial_epoch = False
 
     # -- the run's parts -------------------------------------------------------------------------
@@ -287,13 +277,11 @@ class Checkpoint(KfitCallback):
             raise
         self._training = True
         self._guard.install()
-        if not self.training_run.kfit_fit:  # plain model.fit has no loop of kfit's to restore the run
-            self.resume()
 
     def resume(self) -> None:
-        """Restores the newest intact checkpoint into the run, if ``restore`` and there is one. ``kfit.fit`` calls it
-        as a step of its loop, after every callback's ``on_train_begin`` and before the workers agree on the
-        state; under plain ``model.fit`` the callback calls it at the end of its own ``on_train_begin``."""
+        """Restores the newest intact checkpoint into the run, if ``restore`` and there is one. The run's loop calls
+        it as a step of the loop, once every kfit callback's ``on_train_begin`` has run (``kfit.fit``: before
+        the workers agree on the state; plain ``model.fit``: ``kfit.callbacks._model_fit.ModelFitLoop``)."""
         if not self.restore:
             return
         try:
@@ -307,7 +295,7 @@ class Checkpoint(KfitCallback):
         Keras does not report to callbacks: kfit.fit has ended its run then)."""
         if not self._training:
             return False
-        return not self.training_run.kfit_fit or _run.current_run(self._model) is self.training_run
+        return _run.current_run(self._model) is self.training_run
 
     def _check_writable(self) -> None:
         from kfit.checkpoint import make_directory
@@ -525,16 +513,19 @@ class Checkpoint(KfitCallback):
             return
         file, meta, arrays, damaged = found
         parts = self._parts()
-        # Under model.fit the metrics restart at each epoch: restoring them would only raise warnings.
+        # A loop that restarts the epoch (model.fit) resets the metrics: restoring them would only raise warnings.
         try:
-            restore = _state.plan_restore(parts, meta, arrays, file, metrics=parts.kfit_fit)
+            restore = _state.plan_restore(parts, meta, arrays, file, metrics=parts.loop.exact_resume)
         except CheckpointMismatchError as mismatch:
             raise CheckpointMismatchError(
                 f"{mismatch} To start over instead of resuming: pass restore=False to Checkpoint, or delete "
                 f"{file!r} and the other checkpoints of {self.path!r}."
             ) from None
-        if not parts.kfit_fit:
-            self._for_model_fit(parts, restore)
+        start_epoch = parts.loop.prepare_restore(parts, restore)
+        if start_epoch is not None:
+            self._start_at_epoch(start_epoch)
+        if restore.history is not None:  # for a History that forgets its epochs when training begins (Keras's)
+            self._history_epochs = list(restore.history["epoch"])
         _state.apply_restore(parts, restore, meta, arrays)
         self._after_restore(parts)
         self.restored_from = _info(file, meta, checksum_ok=True)
@@ -553,34 +544,18 @@ class Checkpoint(KfitCallback):
 
         restored_epoch = _backend.initial_epoch(self._model) if self._set_initial_epoch else info.epoch
         self.finished_before = _run_status.resume_or_finish(self, info, restored_epoch)
-        if self.finished_before and not self.training_run.kfit_fit:
-            # model.fit checks stop_training only after a step: start it at its last epoch instead.
-            _backend.set_initial_epoch(self._model, (self.params or {}).get("epochs", restored_epoch))
-            self._set_initial_epoch = True
+        if self.finished_before:
+            start_epoch = self.training_run.loop.finished_epoch(self.training_run, self.params, restored_epoch)
+            if start_epoch is not None:
+                self._start_at_epoch(start_epoch)
 
-    def _for_model_fit(self, parts: _run.Run, restore: Any) -> None:
-        """model.fit restarts an epoch from its first step: put the restored clock at the epoch's start."""
-        state = restore.clock_state
-        epoch = None
-        if state is not None and state.get("epoch_size"):
-            epoch, into = divmod(state["samples"], state["epoch_size"])
-            if into:
-                driver = parts.driver
-                size = getattr(driver, "batch_size", None) or state.get("minibatch_size") or into
-                state["samples"] -= into
-                state["minibatches"] = max(state["minibatches"] - math.ceil(into / size), 0)
-        elif restore.history is not None and restore.history["epoch"]:
-            epoch = max(restore.history["epoch"]) + 1
-        if restore.history is not None:
-            self._history_epochs = list(restore.history["epoch"])
-        if epoch:
-            _backend.set_initial_epoch(self._model, epoch)  # read by model.fit after on_train_begin
-            self._set_initial_epoch = True
-        if not self._noted_model_fit:
-            self._noted_model_fit = True
-            warnings.warn(MODEL_FIT_NOTE.format(epoch=epoch or 0), stacklevel=3)
+    def _start_at_epoch(self, epoch: int) -> None:
+        """Tells the loop the epoch to start from (read by ``model.fit`` after ``on_train_begin``; undone when
+        training ends)."""
+        _backend.set_initial_epoch(self._model, epoch)
+        self._set_initial_epoch = True
 
     def _after_restore(self, parts: _run.Run) -> None:
         clock = parts.clock
-        if parts.kfit_fit and clock is not None and clock.samples_in_epoch != 0:
+        if clock is not None and clock.samples_in_epoch != 0:  # (model.fit's loop moved the clock to the epoch start)
             parts.resumed_mid_epoch = True  # the restored metric state continues the epoch

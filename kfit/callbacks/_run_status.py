@@ -39,23 +39,9 @@ def _stop_reason(model: Any, callbacks: list, clock: Any) -> str:
     return "stopped by a callback (model.stop_training = True)"
 
 
-def _bound_reached(run: Any, params: dict | None, epochs_done: int) -> str | None:
-    """The bound this run reached (``"reached epochs=4"``), or None while it has training left."""
-    if run.kfit_fit and run.clock is not None:
-        reached = run.bound_reached()
-        if reached is not None or run.clock.epoch_size:
-            return reached
-    epochs = (params or {}).get("epochs")
-    if epochs is None:
-        epochs = run.epochs
-    if epochs is not None and epochs_done >= epochs:
-        return f"reached epochs={epochs}"
-    return None
-
-
 def status(run: Any, params: dict | None, epochs_done: int, interrupted: bool) -> dict[str, Any]:
     """``{"status": "running" | "complete" | "stopped", "reason": ...}`` for a checkpoint of ``run`` written now."""
-    reached = _bound_reached(run, params, epochs_done)
+    reached = run.loop.bound_reached(run, params, epochs_done)
     if reached is not None and not interrupted:  # (a source that batches itself stops at max_samples this way)
         return {"status": "complete", "reason": reached}
     if run.model.stop_training and not interrupted:
@@ -84,16 +70,6 @@ def _say(message: str) -> None:
 
     if distributed.is_chief():
         print(message, file=sys.stderr, flush=True)
-
-
-def _run_end_reached(run: Any, params: dict | None, restored_epoch: int | None) -> str | None:
-    """Whether the bound of this run (its epochs / max_samples) lies at or before the restored clock."""
-    if run.kfit_fit and run.clock is not None:
-        return _bound_reached(run, params, 0)
-    epochs = (params or {}).get("epochs")
-    if epochs is not None and restored_epoch is not None and restored_epoch >= epochs:
-        return f"reached epochs={epochs}"
-    return None
 
 
 def changed_schedules(callbacks: list, info: Any) -> list[str]:
@@ -142,7 +118,8 @@ def resume_or_finish(checkpoint: Any, info: Any, restored_epoch: int | None) -> 
                 callback.stopped_samples = None
         _say(resume_line(info, restored_epoch) + f"; it had {info.status_reason or 'stopped'}: going on (resume_finished=True)")
         return False
-    reached = None if stopped else _run_end_reached(checkpoint.training_run, params, restored_epoch)
+    run = checkpoint.training_run
+    reached = None if stopped else run.loop.end_reached(run, params, restored_epoch)
     if not stopped and reached is None:
         note = ""
         if info.status == "complete":

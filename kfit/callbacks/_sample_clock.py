@@ -1,4 +1,4 @@
-"""The sample clock under plain ``model.fit``."""
+"""The sample clock under plain ``model.fit`` (its driver: ``kfit.callbacks._model_fit.FitDriver``)."""
 
 from __future__ import annotations
 
@@ -6,24 +6,9 @@ import math
 from typing import Any
 
 from kfit import _checks
-from kfit._run import StepDriver
 from kfit.callbacks._base import KfitCallback
+from kfit.callbacks._model_fit import FitDriver
 from kfit.clock import Clock
-
-
-class _FitDriver(StepDriver):
-    """Plain ``model.fit``: every step is ``batch_size`` samples, the last of an epoch what is left of it."""
-
-    def __init__(self, model: Any, batch_size: int, num_samples: int | None):
-        super().__init__(model)
-        self.batch_size = batch_size
-        self.num_samples = num_samples
-
-    def sizes(self, clock: Clock, batch: int) -> list[int]:
-        size = self.batch_size
-        if self.num_samples is not None and clock.epoch_size:
-            size = min(size, clock.epoch_end() - clock.samples)
-        return [size]
 
 
 class SampleClock(KfitCallback):
@@ -56,9 +41,9 @@ class SampleClock(KfitCallback):
     def set_model(self, model: Any) -> None:
         super().set_model(model)
         run = self.training_run
-        if run.driver is None or isinstance(run.driver, _FitDriver):  # under kfit.fit, its loop keeps the clock
+        if run.driver is None or isinstance(run.driver, FitDriver):  # under kfit.fit, its loop keeps the clock
             run.clock = run.clock or Clock()
-            run.driver = _FitDriver(model, self.batch_size, self.num_samples)
+            run.driver = FitDriver(model, self.batch_size, self.num_samples)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         clock = self.clock

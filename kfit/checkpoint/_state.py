@@ -40,7 +40,7 @@ def training_parts(model: Any, clock: Any = None, stream: Any = None, callbacks:
         return Run(model, last_clock(model) if clock is None else clock, stream, list(callbacks or []), history)
     return Run(model, run.clock if clock is None else clock, run.stream if stream is None else stream,
                list(run.callbacks if callbacks is None else callbacks), run.history if history is None else history,
-               kfit_fit=run.kfit_fit)
+               loop=run.loop)
 
 
 def model_variables(model: Any) -> dict[str, list]:

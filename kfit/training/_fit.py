@@ -464,7 +464,7 @@ class _StreamFit:
         self.checkpoints = [c for c in self.callbacks if getattr(c, "writes_checkpoints", False)]
         self.run = _run.Run(model, clock=clock, stream=self.stream if self.source is None else self.source,
                             callbacks=list(self.callbacks),
-                            history=self.history, kfit_fit=True, epochs=self.epochs, max_samples=self.max_samples)
+                            history=self.history, loop=_run.RunLoop(), epochs=self.epochs, max_samples=self.max_samples)
         self.release_writes: Any = lambda: None
         self.first_host: Any = None  # the first minibatch as read (NumPy): what the step is compiled ahead for
 

@@ -1,0 +1,105 @@
+"""Plain ``model.fit``: what kfit's callbacks need when no kfit loop drives the run.
+
+Under ``model.fit`` Keras runs the loop and kfit only has its callbacks. This module gives such a run what
+:func:`kfit.fit`'s loop gives its own, so that no callback asks which loop drives it:
+
+- :class:`ModelFitLoop`, the run's :class:`kfit._run.RunLoop`: restoring a checkpoint is a step it takes once
+  every kfit callback of the run has begun (whatever their order in ``model.fit``'s list); it puts a restored
+  clock at the start of its epoch (``model.fit`` cannot start in the middle of one) and tells ``model.fit``
+  the epoch to start from; the run ends when every kfit callback's ``on_train_end`` has run.
+- :class:`FitDriver`, the clock's driver that :class:`kfit.callbacks.SampleClock` installs: a step is
+  ``batch_size`` samples, the last of an epoch what is left of it.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+from kfit import _run
+from kfit._run import RunLoop, StepDriver
+from kfit.clock import Clock
+
+MODEL_FIT_NOTE = (
+    "Checkpoint under plain model.fit: the weights, optimizer, metrics, clock and callback states are "
+    "restored, and training goes on from the start of epoch {epoch} (Keras's BackupAndRestore does the same). "
+    "model.fit cannot start in the middle of an epoch and shuffles with its own random state, so the run is "
+    "not bit-identical to one that was never interrupted. Train with kfit.fit(model, ...) for an exact "
+    "resume, also in the middle of an epoch."
+)
+
+
+class ModelFitLoop(RunLoop):
+    """The :class:`~kfit._run.RunLoop` of a run driven by plain ``model.fit`` (one per run)."""
+
+    exact_resume = False
+
+    def __init__(self) -> None:
+        self._began: list = []
+        self._ended: list = []
+        self._restored = False
+        self._noted = False
+
+    @staticmethod
+    def _add(members: list, callback: Any) -> None:
+        if not any(c is callback for c in members):
+            members.append(callback)
+
+    def member_began(self, run: _run.Run, callback: Any) -> None:
+        self._add(self._began, callback)
+        if self._restored or not all(any(c is b for b in self._began) for c in run.members()):
+            return
+        # Every kfit callback has reset itself for this run: the restore step (as kfit.fit's loop takes it).
+        self._restored = True
+        for member in run.members():
+            if getattr(member, "writes_checkpoints", False):
+                member.resume()
+
+    def member_ended(self, run: _run.Run, callback: Any) -> None:
+        self._add(self._ended, callback)
+        if not run.manual and all(any(c is e for e in self._ended) for c in run.members()):
+            _run.end(run)
+
+    def prepare_restore(self, run: _run.Run, restore: Any) -> int | None:
+        """``model.fit`` restarts an epoch from its first step: the restored clock is put at the epoch's start;
+        returns that epoch."""
+        state = restore.clock_state
+        epoch = None
+        if state is not None and state.get("epoch_size"):
+            epoch, into = divmod(state["samples"], state["epoch_size"])
+            if into:
+                size = getattr(run.driver, "batch_size", None) or state.get("minibatch_size") or into
+                state["samples"] -= into
+                state["minibatches"] = max(state["minibatches"] - math.ceil(into / size), 0)
+        elif restore.history is not None and restore.history["epoch"]:
+            epoch = max(restore.history["epoch"]) + 1
+        if not self._noted:
+            self._noted = True
+            warnings.warn(MODEL_FIT_NOTE.format(epoch=epoch or 0), stacklevel=4)
+        return epoch or None
+
+    def finished_epoch(self, run: _run.Run, params: dict | None, restored_epoch: int | None) -> int | None:
+        # model.fit checks stop_training only after a step: a finished run starts at its last epoch instead.
+        return (params or {}).get("epochs", restored_epoch)
+
+    def bound_reached(self, run: _run.Run, params: dict | None, epochs_done: int) -> str | None:
+        return _run.epochs_reached(run, params, epochs_done)  # model.fit's own epochs (a clock is optional)
+
+    def end_reached(self, run: _run.Run, params: dict | None, restored_epoch: int | None) -> str | None:
+        return _run.epochs_reached(run, params, restored_epoch) if (params or {}).get("epochs") is not None else None
+
+
+class FitDriver(StepDriver):
+    """Plain ``model.fit``: every step is ``batch_size`` samples, the last of an epoch what is left of it."""
+
+    def __init__(self, model: Any, batch_size: int, num_samples: int | None):
+        super().__init__(model)
+        self.batch_size = batch_size
+        self.num_samples = num_samples
+
+    def sizes(self, clock: Clock, batch: int) -> list[int]:
+        size = self.batch_size
+        if self.num_samples is not None and clock.epoch_size:
+            size = min(size, clock.epoch_end() - clock.samples)
+        return [size]
