@@ -426,3 +426,19 @@ def set_tf_iterator_state(iterator: Any, state: np.ndarray) -> None:
 
     variant = tf.io.parse_tensor(np.asarray(state, dtype=np.uint8).tobytes(), tf.variant)
     iterator._restore_from_tensors({"_STATE": variant})
+
+
+def keras_pass(adapter: Any, iterator: Any, method: str) -> Any:
+    """Keras's own pass over a ``tf.data`` source (``adapter.<method>()``: ``get_numpy_iterator``,
+    ``get_jax_iterator`` or ``get_torch_dataloader``, with Keras's conversions, sparse ones included) read from
+    ``iterator``, an iterator over the adapter's dataset that kfit made (and whose state it saves). Keras internal
+    (``TFDatasetAdapter._dataset``, iterated once per pass), checked against Keras 3.10-3.15."""
+    import copy
+
+    class _Given:
+        def __iter__(self) -> Any:
+            return iterator
+
+    reader = copy.copy(adapter)
+    reader._dataset = _Given()
+    return getattr(reader, method)()

@@ -107,7 +107,7 @@ def test_a_source_resumes_by_skipping_ahead_to_the_uninterrupted_run(kind, tmp_p
     # The step that reaches max_samples ends the run: 8 * 4 = 32; 50 (a pass) + 8 * 4 = 82 >= 80.
     assert checkpoint.restored_from.samples == (32 if kind == "generator" else 82)
     err = capfd.readouterr().err
-    if kind == "tf.data" and keras.backend.backend() == "tensorflow":  # it also restarts the epoch's saved pass
+    if kind == "tf.data":  # it also restarts the epoch's saved pass
         assert "restarts epoch 1 from its iterator's state" in err, err
     else:
         assert "cannot seek: resuming at sample" in err, err
@@ -119,9 +119,9 @@ def test_a_source_resumes_by_skipping_ahead_to_the_uninterrupted_run(kind, tmp_p
 
 @pytest.mark.parametrize("stop_at", [82, 100, 150])  # in epoch 1; where epoch 1 ends; where the last epoch ends
 def test_a_tf_data_pipeline_that_reshuffles_resumes_from_its_saved_iterator_state(stop_at, tmp_path, capfd):
-    """On TensorFlow the checkpoint holds the tf.data iterator's state as the epoch's pass began: a resumed run
-    sees the shuffle order the uninterrupted run saw in that epoch and the next (skipping ahead alone would replay
-    the first epoch's order). Elsewhere Keras reads tf.data inside its own adapter: the run skips ahead."""
+    """The checkpoint holds the tf.data iterator's state as the epoch's pass began: a resumed run sees the shuffle
+    order the uninterrupted run saw in that epoch and the next (skipping ahead alone would replay the first
+    epoch's order), on every backend."""
     def reshuffling():
         return tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(50, seed=7).batch(8)
 
@@ -137,13 +137,31 @@ def test_a_tf_data_pipeline_that_reshuffles_resumes_from_its_saved_iterator_stat
     err = capfd.readouterr().err
     assert checkpoint.restored_from.samples == stop_at
     assert kfit.get_clock(resumed).samples == 200
-    same = all(np.array_equal(a, b) for a, b in zip(weights(reference), weights(resumed)))
-    if keras.backend.backend() == "tensorflow":
-        assert f"restarts epoch {stop_at // 50} from its iterator's state" in err, err
-        assert same, "the resumed run did not see the uninterrupted run's shuffle order"
-    else:
-        assert "cannot seek: resuming at sample" in err, err
-        assert not same  # (documented: skipping ahead replays the first pass's order)
+    assert f"restarts epoch {stop_at // 50} from its iterator's state" in err, err
+    for a, b in zip(weights(reference), weights(resumed)):
+        np.testing.assert_array_equal(a, b, err_msg="the resumed run did not see the uninterrupted run's order")
+
+
+@pytest.mark.xfail(keras.backend.backend() == "tensorflow", strict=True,
+                   reason="README, Sources: on TensorFlow Keras's own loop draws two shuffle seeds per epoch from a "
+                          "tf.data pipeline, kfit's one")
+def test_a_tf_data_pipeline_that_reshuffles_trains_as_under_model_fit():
+    """The same shuffle order as model.fit's at every epoch: kfit makes a pass's iterator when Keras's own adapter
+    would (a new tf.data iterator draws the pipeline's next shuffle seed)."""
+    def reshuffling():
+        return tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(50, seed=7).batch(8)
+
+    results = []
+    for loop in ("model.fit", "kfit.fit"):
+        model = compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9))
+        keras.utils.set_random_seed(0)
+        if loop == "model.fit":
+            model.fit(reshuffling(), epochs=3, verbose=0)
+        else:
+            kfit.fit(model, reshuffling(), epochs=3, seed=0, verbose=0)
+        results.append(weights(model))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_tf_data_pipeline_tensorflow_cannot_save_resumes_by_skipping_ahead(tmp_path, capfd):

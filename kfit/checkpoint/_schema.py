@@ -104,8 +104,7 @@ META: Spec = record({
     "clock": optional(record({"samples": COUNT, "minibatches": COUNT},
                              {"epoch_size": optional(COUNT), "minibatch_size": optional(COUNT)})),
     "stream": optional(record({}, {"position": COUNT, "seed": optional(INT), "shuffle": BOOL,
-                                   "num_samples": optional(COUNT), "kind": STR,
-                                   "pass": COUNT})),
+                                   "num_samples": optional(COUNT), "kind": STR})),
     "callbacks": dict_of(ANY),
     "history": optional(record({"epoch": list_of(ANY), "history": dict_of(list_of(ANY))})),
     "rng": record({

@@ -9,7 +9,7 @@ A run resumed on such a source skips ahead: it draws and drops the minibatches t
 trained in the epoch it resumes (a generator that is never restarted: every minibatch since the start),
 which reproduces the interrupted run when the source yields the same minibatches in the same order.
 
-On TensorFlow, a ``tf.data`` pipeline read from its start at every epoch also has a state of its own: the
+A ``tf.data`` pipeline read from its start at every epoch also has a state of its own: the
 checkpoint holds its iterator's state as the epoch's pass began (its shuffle order and random state, as
 ``tf.train.Checkpoint`` saves it), and a resumed run opens that same pass before it skips ahead: a pipeline that
 reshuffles at every epoch resumes exactly. A pipeline TensorFlow cannot save (a ``py_function``,
@@ -77,6 +77,22 @@ class _ReadAhead:
         return batch
 
 
+class _Deferred:
+    """A pass opened when it is first read."""
+
+    def __init__(self, open_pass: Callable[[], Any]):
+        self._open_pass = open_pass
+        self._pass: Any = None
+
+    def __iter__(self) -> _Deferred:
+        return self
+
+    def __next__(self) -> Any:
+        if self._pass is None:
+            self._pass = self._open_pass()
+        return next(self._pass)
+
+
 class SourceAdapter(_backend.DataAdapter):
     """Keras's adapter for a source that batches by itself, counted for kfit's clock.
 
@@ -113,13 +129,11 @@ class SourceAdapter(_backend.DataAdapter):
         #: Steps counted since training began (kept by the driver).
         self.steps = 0
         self.driver: SourceDriver | None = None
-        #: TensorFlow, a tf.data pipeline read from its start at every epoch: a checkpoint saves the state its
-        #: iterator had when the pass in progress began (None when TensorFlow cannot save the pipeline).
-        self._saves_passes = (_backend.BACKEND == "tensorflow" and type(inner).__name__ == "TFDatasetAdapter"
-                              and not self.continues)
-        self._pass_index = -1  # the pass in progress, counted from 0 (one per epoch)
+        #: A tf.data pipeline read from its start at every epoch: a checkpoint saves the state its iterator had
+        #: when the pass in progress began (not when TensorFlow cannot save the pipeline).
+        self._saves_passes = type(inner).__name__ == "TFDatasetAdapter" and not self.continues
         self._pass_state: np.ndarray | None = None
-        self._restored_pass: tuple[int, np.ndarray] | None = None  # (pass, state) from a checkpoint
+        self._restored_pass: np.ndarray | None = None  # a pass's state from a checkpoint
         self._reopen: tuple[np.ndarray, bool] | None = None  # (state, the pass after the saved one) for _new_pass
         #: True when :meth:`resume` opens the saved pass again (else it only skips ahead).
         self.reopens = False
@@ -196,10 +210,10 @@ class SourceAdapter(_backend.DataAdapter):
         """
         self._skip = samples if self.continues else samples_in_epoch
         restored, self._restored_pass = self._restored_pass, None
-        # The saved pass is the epoch's own (saved mid-epoch), or the one before it (saved as that epoch ended).
-        if restored is not None and not self.continues and restored[0] in (epoch, epoch - 1):
-            self._reopen = (restored[1], restored[0] == epoch - 1)
-            self._pass_index = epoch - 1
+        if restored is not None and not self.continues:
+            # Saved mid-epoch: the pass the epoch reads. Saved at an epoch's end: the last pass opened before (the
+            # epoch's, or one Keras opened as it ended), whose random state the next pass follows.
+            self._reopen = (restored, samples_in_epoch == 0)
             self.reopens = True
         if self.steps_per_epoch is not None and steps_in_epoch:
             self._limit = self.steps_per_epoch - steps_in_epoch
@@ -219,27 +233,31 @@ class SourceAdapter(_backend.DataAdapter):
         return current is not None and current.done and steps - self._steps_at_open >= len(current.sizes)
 
     def _new_pass(self) -> None:
+        if not self._saves_passes:
+            self._underlying = iter(self._passes())
+            return
+        # kfit makes the pass's tf.data iterator itself (to save its state) and reads it through Keras's own
+        # conversions for this backend.
+        dataset = self.inner.get_tf_dataset()
         reopen, self._reopen = self._reopen, None
-        if reopen is None:
-            self._underlying = iter(self._passes())
+        if reopen is not None and reopen[1]:  # the saved pass's random state, then the pass that followed it
+            _backend.set_tf_iterator_state(iter(dataset), reopen[0])
+        iterator = iter(dataset)
+        if reopen is not None and not reopen[1]:
+            _backend.set_tf_iterator_state(iterator, reopen[0])
+        self._pass_state = _backend.tf_iterator_state(iterator)
+        self._saves_passes = self._pass_state is not None  # TensorFlow cannot save this pipeline: not tried again
+        if self._passes == self.inner.get_tf_dataset:
+            self._underlying = iterator
         else:
-            state, following = reopen
-            if following:  # the saved pass's random state, then the pass that followed it
-                _backend.set_tf_iterator_state(iter(self._passes()), state)
-            self._underlying = iter(self._passes())
-            if not following:
-                _backend.set_tf_iterator_state(self._underlying, state)
-        self._pass_index += 1
-        if self._saves_passes:
-            self._pass_state = _backend.tf_iterator_state(self._underlying)
-            self._saves_passes = self._pass_state is not None  # TensorFlow cannot save this pipeline: not tried again
+            self._underlying = iter(_backend.keras_pass(self.inner, iterator, self._passes.__name__))
 
     def get_state(self) -> dict[str, Any] | None:
-        """What a checkpoint saves of the source: on TensorFlow, the state of the ``tf.data`` iterator as the pass
-        in progress began, and which pass it is; None for a source with no state of its own (it skips ahead)."""
+        """What a checkpoint saves of the source: the state of a ``tf.data`` iterator as the last pass opened began;
+        None for a source with no state of its own (it skips ahead)."""
         if not self._saves_passes or self._pass_state is None:
             return None
-        return {"kind": "tf.data", "pass": self._pass_index, "iterator": self._pass_state}
+        return {"kind": "tf.data", "iterator": self._pass_state}
 
     def set_state(self, state: dict[str, Any] | None) -> None:
         """Keeps a state from :meth:`get_state` for :meth:`resume`."""
@@ -248,7 +266,7 @@ class SourceAdapter(_backend.DataAdapter):
             return
         if state.get("kind") != "tf.data" or "iterator" not in state:
             raise ValueError(f"The saved source state is not a tf.data iterator's: keys {sorted(state)}.")
-        self._restored_pass = (int(state["pass"]), np.asarray(state["iterator"], dtype=np.uint8))
+        self._restored_pass = np.asarray(state["iterator"], dtype=np.uint8)
 
     def _drop(self, samples: int) -> int:
         """Draws and drops ``samples`` samples; returns how many batches of the pass now open it dropped."""
@@ -267,13 +285,19 @@ class SourceAdapter(_backend.DataAdapter):
                 batches = 0
         return batches
 
-    def _open(self, passes: Callable[[], Any]) -> _ReadAhead:
+    def _open(self, passes: Callable[[], Any], now: bool = False) -> _ReadAhead | _Deferred:
         # Keras asks for an iterator at each epoch (or, reading on across epochs, when the last one ended).
         # Batches come from Keras's own adapter in the form this backend's loop reads (its tensors, sparse
         # ones included), so kfit converts nothing.
         prepared, self._prepared = self._prepared, None
         if prepared is not None and passes == self._passes:  # (bound methods: equal, never identical)
             return prepared
+        current = self._current
+        if not now and not self.continues and current is not None and current.done:
+            # Keras asks for the next epoch's pass as soon as an epoch's last step has run, and again when that epoch
+            # begins (JAX, PyTorch): opened only if read, as Keras's own adapter makes its dataset's iterator only
+            # when it is read (a new tf.data iterator draws the pipeline's next shuffle seed).
+            return _Deferred(lambda: self._open(passes, now=True))
         if passes != self._passes:
             self._passes, self._underlying = passes, None
         exhausted = self._current is not None and self._current.exhausted
