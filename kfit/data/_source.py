@@ -130,7 +130,7 @@ class SourceAdapter(_backend.DataAdapter):
         self.steps = 0
         self.driver: SourceDriver | None = None
         #: A tf.data pipeline read from its start at every epoch: a checkpoint saves the state its iterator had
-        #: when the pass in progress began (not when TensorFlow cannot save the pipeline).
+        #: when the last pass opened began (not when TensorFlow cannot save the pipeline).
         self._saves_passes = type(inner).__name__ == "TFDatasetAdapter" and not self.continues
         self._pass_state: np.ndarray | None = None
         self._restored_pass: np.ndarray | None = None  # a pass's state from a checkpoint
@@ -200,8 +200,8 @@ class SourceAdapter(_backend.DataAdapter):
         epoch, step = divmod(in_pass, per_epoch)
         return passes * math.ceil(per_pass / per_epoch) + epoch, step
 
-    def resume(self, samples_in_epoch: int, samples: int, steps_in_epoch: int, epoch: int) -> int:
-        """Positions the source for a run resumed in ``epoch``; returns the samples it will drop.
+    def resume(self, samples_in_epoch: int, samples: int, steps_in_epoch: int) -> int:
+        """Positions the source for a run resumed mid-run; returns the samples it will drop.
 
         A source read from its start at every epoch drops the epoch's first ``samples_in_epoch`` samples (from
         the pass saved in the checkpoint when it holds one, see :meth:`set_state`); one read on across epochs
@@ -211,8 +211,8 @@ class SourceAdapter(_backend.DataAdapter):
         self._skip = samples if self.continues else samples_in_epoch
         restored, self._restored_pass = self._restored_pass, None
         if restored is not None and not self.continues:
-            # Saved mid-epoch: the pass the epoch reads. Saved at an epoch's end: the last pass opened before (the
-            # epoch's, or one Keras opened as it ended), whose random state the next pass follows.
+            # Saved mid-epoch: the pass the epoch reads. Saved at an epoch's end: the pass of the epoch that ended,
+            # whose random state the next pass follows.
             self._reopen = (restored, samples_in_epoch == 0)
             self.reopens = True
         if self.steps_per_epoch is not None and steps_in_epoch:

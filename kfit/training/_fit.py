@@ -332,7 +332,7 @@ class _RunControl(keras.callbacks.Callback):
             epoch, steps_in_epoch = clock.epoch, 0
             mid_epoch = clock.samples_in_epoch > 0
         _backend.set_initial_epoch(fit.model, epoch)
-        skip = source.resume(clock.samples_in_epoch, clock.samples, steps_in_epoch, epoch)
+        skip = source.resume(clock.samples_in_epoch, clock.samples, steps_in_epoch)
         if source.reopens:
             print(f"kfit: resuming at sample {clock.samples}: the tf.data pipeline restarts epoch {epoch} from its "
                   f"iterator's state saved in the checkpoint (its shuffle order and random state), and the first "
