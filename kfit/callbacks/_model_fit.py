@@ -36,19 +36,14 @@ class ModelFitLoop(RunLoop):
     exact_resume = False
 
     def __init__(self) -> None:
-        self._began: list = []
-        self._ended: list = []
+        self._began: set[int] = set()  # ids of the kfit callbacks whose on_train_begin has run
+        self._ended: set[int] = set()
         self._restored = False
         self._noted = False
 
-    @staticmethod
-    def _add(members: list, callback: Any) -> None:
-        if not any(c is callback for c in members):
-            members.append(callback)
-
     def member_began(self, run: _run.Run, callback: Any) -> None:
-        self._add(self._began, callback)
-        if self._restored or not all(any(c is b for b in self._began) for c in run.members()):
+        self._began.add(id(callback))
+        if self._restored or not all(id(c) in self._began for c in run.members()):
             return
         # Every kfit callback has reset itself for this run: the restore step (as kfit.fit's loop takes it).
         self._restored = True
@@ -57,8 +52,8 @@ class ModelFitLoop(RunLoop):
                 member.resume()
 
     def member_ended(self, run: _run.Run, callback: Any) -> None:
-        self._add(self._ended, callback)
-        if not run.manual and all(any(c is e for e in self._ended) for c in run.members()):
+        self._ended.add(id(callback))
+        if not run.manual and all(id(c) in self._ended for c in run.members()):
             _run.end(run)
 
     def prepare_restore(self, run: _run.Run, restore: Any) -> int | None:

@@ -136,6 +136,8 @@ class ProgressPrinter(KfitCallback):
         _checks.boolean("metric_is_pct", metric_is_pct)
         self.freq = freq
         self.first = first
+        #: Whether the step just counted ends a ``Minibatch`` line (chosen once: the per-step path only calls it).
+        self._due = self._due_on_clock if isinstance(freq, Interval) else self._due_in_epoch
         self.tag = tag
         self.log_to_file = None if log_to_file is None else os.fspath(log_to_file)
         self.metric_is_pct = metric_is_pct
@@ -203,12 +205,14 @@ class ProgressPrinter(KfitCallback):
         if self._scheduled.observe_size(clock, self.training_run.max_samples):
             self.log(f"Minibatch size: {clock.minibatch_size}")
 
+    def _due_in_epoch(self, clock: Clock) -> bool:
+        return is_due(self._intervals.index(clock), self.freq, self.first)
+
+    def _due_on_clock(self, clock: Clock) -> bool:
+        return clock.crossed(self.freq) or self._intervals.index(clock) <= self.first
+
     def on_step_end(self, clock: Clock, logs: dict | None) -> None:
-        if isinstance(self.freq, Interval):
-            due = clock.crossed(self.freq) or self._intervals.index(clock) <= self.first
-        else:
-            due = is_due(self._intervals.index(clock), self.freq, self.first)
-        if not due or not distributed.is_chief():
+        if not self._due(clock) or not distributed.is_chief():
             return
         if self._keys is None and logs:
             self._keys = training_keys(logs)

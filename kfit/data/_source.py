@@ -100,13 +100,15 @@ class SourceAdapter(_backend.DataAdapter):
         inner: Keras's data adapter for the source.
         restarts: True when every epoch reads the source from its start (``tf.data``, ``DataLoader``,
             ``PyDataset``); False for a generator, which goes on where it stopped.
+        save_passes: keep each tf.data pass's starting state for checkpoints (False: the run has no checkpoint,
+            and no state is serialized at each epoch).
     """
 
     #: The kind of state :meth:`get_state` returns (a checkpoint restores it only into the same kind).
     state_kind = "tf.data"
     num_samples = None
 
-    def __init__(self, inner: Any, restarts: bool, steps_per_epoch: int | None = None):
+    def __init__(self, inner: Any, restarts: bool, steps_per_epoch: int | None = None, save_passes: bool = True):
         self.inner = inner
         self.restarts = restarts
         self.steps_per_epoch = steps_per_epoch
@@ -131,7 +133,7 @@ class SourceAdapter(_backend.DataAdapter):
         self.driver: SourceDriver | None = None
         #: A tf.data pipeline read from its start at every epoch: a checkpoint saves the state its iterator had
         #: when the last pass opened began (not when TensorFlow cannot save the pipeline).
-        self._saves_passes = type(inner).__name__ == "TFDatasetAdapter" and not self.continues
+        self._saves_passes = save_passes and type(inner).__name__ == "TFDatasetAdapter" and not self.continues
         self._pass_state: np.ndarray | None = None
         self._restored_pass: np.ndarray | None = None  # a pass's state from a checkpoint
         self._reopen: tuple[np.ndarray, bool] | None = None  # (state, the pass after the saved one) for _new_pass

@@ -451,7 +451,8 @@ class _StreamFit:
         self.distributed = distributed.size() > 1
         self.initial_epoch = o.initial_epoch
         if source:
-            self._init_source(x, y, sample_weight, o)
+            self._init_source(x, y, sample_weight, o,
+                              saves=any(getattr(c, "writes_checkpoints", False) for c in callbacks))
             clock = Clock()
         else:
             validation_data = self._init_stream(x, y, sample_weight, validation_data, o)
@@ -501,7 +502,7 @@ class _StreamFit:
         self.prefetch = o.prefetch if o.prefetch is not None else 0 if getattr(self.stream, "in_memory", False) else 2
         return validation_data
 
-    def _init_source(self, x: Any, y: Any, sample_weight: Any, o: FitOptions) -> None:
+    def _init_source(self, x: Any, y: Any, sample_weight: Any, o: FitOptions, saves: bool) -> None:
         """A source that batches itself (tf.data, a generator, a DataLoader), read through Keras's adapter."""
         if self.distributed:
             raise ValueError(
@@ -511,7 +512,7 @@ class _StreamFit:
         inner = _backend.keras_data_adapter(x, y, sample_weight, o.fixed_minibatch_size, o.steps_per_epoch, o.shuffle,
                                             o.class_weight)
         self.source = SourceAdapter(inner, restarts=type(inner).__name__ != "GeneratorDataAdapter",
-                                    steps_per_epoch=o.steps_per_epoch)
+                                    steps_per_epoch=o.steps_per_epoch, save_passes=saves)
         self.class_weight = None
         self.fixed_size = inner.batch_size
         self.epochs = o.epochs if o.epochs is not None or o.max_samples is not None else 1
