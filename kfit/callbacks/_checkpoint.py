@@ -229,6 +229,7 @@ class Checkpoint(KfitCallback):
         self._training = False
         self._preempted: int | None = None
         self._preempt_at_epoch_end = False
+        self._interrupted = False
         self._buffers: dict = {}
         self._pending = False
         self._steps_unsaved = 0
@@ -264,6 +265,7 @@ class Checkpoint(KfitCallback):
         self.failed_writes = 0
         self._preempted = None
         self._preempt_at_epoch_end = False
+        self._interrupted = False
         if self.interval is not None:
             self.clock  # noqa: B018  (a step frequency needs the clock: raises a clear error without one)
         _state.stateful_callbacks(self._parts().callbacks)  # two callbacks with one state key: refuse now
@@ -321,10 +323,12 @@ class Checkpoint(KfitCallback):
             self._history_epochs = None
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._raise_swallowed_interrupt()
         if self.training_run.clock is not None:  # plain model.fit without a SampleClock: epochs only
             super().on_train_batch_begin(batch, logs)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._raise_swallowed_interrupt()
         self._steps_unsaved += 1
         if self.training_run.clock is not None:
             self._dispatch_step_end(batch, logs)  # KfitCallback's batch-end hook: counts the step, on_step_end
@@ -355,6 +359,7 @@ class Checkpoint(KfitCallback):
         return bool(clock.epoch_size) and self.training_run.bound_reached() is not None
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._raise_swallowed_interrupt()
         self._epochs_done = epoch + 1
         preempted = self._preempted is not None
         if self._pending or preempted or (self.epochs is not None and (epoch + 1) % self.epochs == 0):
@@ -365,6 +370,7 @@ class Checkpoint(KfitCallback):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         try:
+            self._raise_swallowed_interrupt()
             # The final checkpoint, unless the last one already holds this state (taken at the last epoch end,
             # or at the last step when training stopped mid-epoch) or nothing was trained after a restore.
             if self._steps_unsaved or (self.saves == 0 and self.restored_from is None):
@@ -427,7 +433,19 @@ class Checkpoint(KfitCallback):
             print(f"kfit: a checkpoint write failed: {error}", file=sys.stderr, flush=True)
         self._training = False
         self._lock.release()
+        if signum == signal.SIGINT:
+            # Python's handler raises KeyboardInterrupt in whatever frame the main thread is in, and C code that
+            # checks for signals may clear it (seen here in NumPy's conversion of a JAX array in Keras's batch
+            # logs): training would then go on as if Ctrl-C had never come. If it does, the next callback hook
+            # raises it again, before anything is saved.
+            self._interrupted = True
         return False
+
+    def _raise_swallowed_interrupt(self) -> None:
+        if self._interrupted:
+            self._interrupted = False
+            raise KeyboardInterrupt("Ctrl-C during training (raised again at the next step boundary: the first "
+                                    "KeyboardInterrupt was lost inside compiled code)")
 
     def _stop_for_preemption(self) -> None:
         """At a step (or epoch) boundary after SIGTERM: save this state, then end the process as SIGTERM would."""

@@ -7,7 +7,9 @@ Modes:
              each step, and on completion writes the final variables to DIRECTORY/result.npz. Options:
              checkpoint (Checkpoint arguments), step_sleep (seconds per step), slow_write (seconds each
              checkpoint write waits before it writes, after printing {"event": "writing", "n": n}),
-             fill_disk_at (samples: fill the disk once the clock passes it), epochs.
+             fill_disk_at (samples: fill the disk once the clock passes it), epochs, swallow_ctrl_c_at
+             (samples: at the first step past it, print {"event": "sleeping"} and sleep in a callback that
+             swallows KeyboardInterrupt, as some compiled code does, printing {"event": "swallowed"}).
   disk_full  OPTIONS_JSON maps scenario names to train options (or {"save_checkpoint": true}: save, fill
              the disk, save again); each runs in DIRECTORY/<name>, catches the CheckpointError, empties the
              disk again and prints a JSON report of what is on disk.
@@ -59,9 +61,10 @@ def fill(directory: str) -> None:
 class Steps(kfit.callbacks.KfitCallback):
     order = 150  # after the Checkpoint
 
-    def __init__(self, directory: str, sleep: float, fill_at: int | None, checkpoint):
+    def __init__(self, directory: str, sleep: float, fill_at: int | None, checkpoint, swallow_at: int | None = None):
         super().__init__(name="steps")
         self.directory, self.sleep, self.fill_at, self.checkpoint = directory, sleep, fill_at, checkpoint
+        self.swallow_at = swallow_at
 
     def on_step_end(self, clock, logs):
         say(event="step", samples=clock.samples)
@@ -69,6 +72,13 @@ class Steps(kfit.callbacks.KfitCallback):
             self.checkpoint.wait()  # the write before is complete: the next one meets the full disk
             fill(self.directory)
             self.fill_at = None
+        if self.swallow_at is not None and clock.samples >= self.swallow_at:
+            self.swallow_at = None
+            try:
+                say(event="sleeping")
+                time.sleep(60)
+            except KeyboardInterrupt:
+                say(event="swallowed")
         if self.sleep:
             time.sleep(self.sleep)
 
@@ -101,7 +111,8 @@ def train(directory: str, options: dict):
         slow_writes(options["slow_write"])
     model, x, y = model_and_data()
     checkpoint = kfit.callbacks.Checkpoint(os.path.join(directory, "run.ckpt"), **options.get("checkpoint", {}))
-    steps = Steps(directory, options.get("step_sleep", 0.0), options.get("fill_disk_at"), checkpoint)
+    steps = Steps(directory, options.get("step_sleep", 0.0), options.get("fill_disk_at"), checkpoint,
+                  options.get("swallow_ctrl_c_at"))
     kfit.fit(model, x, y, minibatch_size=[8, 8, 16], epoch_size=96, epochs=options.get("epochs", 6), seed=3,
              callbacks=[checkpoint, steps], verbose=0)
     say(event="done", saves=checkpoint.saves, failed_writes=checkpoint.failed_writes)
