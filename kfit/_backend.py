@@ -228,6 +228,19 @@ def exclude_padding_from_metrics(model: Any, padding: Callable[[], Any],
     object.__setattr__(model, "compute_metrics", compute_metrics)
 
 
+def fit_reads_a_first_batch(model: Any) -> bool:
+    """True when Keras's own ``fit`` would read one batch, from an iterator of its own, before its first epoch (to
+    build the model symbolically): on JAX and PyTorch, while a layer, the compiled metrics or the compiled loss are
+    not built (on TensorFlow it builds by tracing the first step, reading nothing more). Over a ``tf.data``
+    pipeline that read draws the pipeline's next shuffle seed. Keras internal (``Trainer._symbolic_build``),
+    checked against Keras 3.10-3.15."""
+    if BACKEND == "tensorflow":
+        return False
+    metrics, loss = getattr(model, "_compile_metrics", None), getattr(model, "_compile_loss", None)
+    return (not all(layer.built for layer in model._flatten_layers()) or (metrics is not None and not metrics.built)
+            or (loss is not None and not loss.built))
+
+
 def build(model: Any, batch: Any) -> None:
     """Builds the model, its metrics and its optimizer from one batch (as ``model.fit`` would on its first
     step), so that a checkpoint restored when training begins finds every variable.
@@ -306,6 +319,20 @@ def _running_epoch_iterator() -> Any:
         if isinstance(owner, EpochIterator):
             return owner
     return None
+
+
+def epoch_iterator_opened_next_pass() -> bool:
+    """True when the adapter's ``on_epoch_end`` calling us is called by an ``EpochIterator`` that has just made
+    the iterator for its next epoch: its loop ran a pass of known length to its end (no ``steps_per_epoch``).
+    On TensorFlow that iterator is a ``tf.data`` iterator, made at once and never read (the next epoch makes its
+    own): over a user's ``tf.data`` pipeline it draws the pipeline's next shuffle seed. Checked against Keras
+    3.10-3.15 (``EpochIterator._enumerate_iterator``)."""
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    frame = sys._getframe(2)  # 0: here, 1: the adapter's on_epoch_end, 2: its caller
+    owner = frame.f_locals.get("self")
+    return (frame.f_code.co_name == "_enumerate_iterator" and isinstance(owner, EpochIterator)
+            and owner.steps_per_epoch is None and owner._steps_seen == 0 and owner._current_iterator is not None)
 
 
 def average_in_progbar(progbar: Any, name: str) -> None:

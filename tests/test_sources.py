@@ -142,18 +142,32 @@ def test_a_tf_data_pipeline_that_reshuffles_resumes_from_its_saved_iterator_stat
         np.testing.assert_array_equal(a, b, err_msg="the resumed run did not see the uninterrupted run's order")
 
 
-@pytest.mark.xfail(keras.backend.backend() == "tensorflow", strict=True,
-                   reason="README, Sources: on TensorFlow Keras's own loop draws two shuffle seeds per epoch from a "
-                          "tf.data pipeline, kfit's one")
-def test_a_tf_data_pipeline_that_reshuffles_trains_as_under_model_fit():
-    """The same shuffle order as model.fit's at every epoch: kfit makes a pass's iterator when Keras's own adapter
-    would (a new tf.data iterator draws the pipeline's next shuffle seed)."""
+@pytest.mark.parametrize("model_state", [
+    "built", "not_built", "trained_before",
+    pytest.param("sparse_inputs", marks=pytest.mark.skipif(
+        keras.backend.backend() == "torch",
+        reason="Keras's own model.fit on PyTorch cannot read a sparse tf.data pipeline (Invalid dtype: object)")),
+])
+def test_a_tf_data_pipeline_that_reshuffles_trains_as_under_model_fit(model_state):
+    """The same shuffle order as model.fit's at every epoch: kfit makes an iterator over the pipeline (which draws its
+    next shuffle seed) exactly where Keras's own loop makes one: at each epoch's start, at its end on TensorFlow
+    (never read), and before the first epoch on JAX and PyTorch while the model is not built."""
     def reshuffling():
-        return tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(50, seed=7).batch(8)
+        x = tf.sparse.from_dense(np.where(np.abs(X) > 0.8, X, 0.0)) if model_state == "sparse_inputs" else X
+        return tf.data.Dataset.from_tensor_slices((x, Y)).shuffle(50, seed=7).batch(8)
 
+    initial = keras.initializers.RandomNormal(stddev=0.3, seed=1)
     results = []
     for loop in ("model.fit", "kfit.fit"):
-        model = compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9))
+        if model_state == "not_built":
+            keras.utils.set_random_seed(1)
+            model = keras.Sequential([keras.layers.Dense(8, activation="tanh", kernel_initializer=initial),
+                                      keras.layers.Dense(1, kernel_initializer=initial)])  # built by fit
+        else:
+            model = mlp()
+        compiled(model, keras.optimizers.SGD(0.01, momentum=0.9))
+        if model_state == "trained_before":
+            model.fit(X, Y, batch_size=10, epochs=1, shuffle=False, verbose=0)  # builds the loss and the metrics
         keras.utils.set_random_seed(0)
         if loop == "model.fit":
             model.fit(reshuffling(), epochs=3, verbose=0)

@@ -18,6 +18,7 @@ reshuffles at every epoch resumes exactly. A pipeline TensorFlow cannot save (a 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -133,7 +134,12 @@ class SourceAdapter(_backend.DataAdapter):
         self.driver: SourceDriver | None = None
         #: A tf.data pipeline read from its start at every epoch: a checkpoint saves the state its iterator had
         #: when the last pass opened began (not when TensorFlow cannot save the pipeline).
-        self._saves_passes = save_passes and type(inner).__name__ == "TFDatasetAdapter" and not self.continues
+        self._tf_data = type(inner).__name__ == "TFDatasetAdapter"
+        self._saves_passes = save_passes and self._tf_data and not self.continues
+        #: Makes the unread tf.data iterator Keras's own loop makes at each epoch's end (see :meth:`on_epoch_end`).
+        self._mirrors_epoch_end_pass = self._tf_data and not self.continues and _backend.BACKEND == "tensorflow"
+        #: The first pass, begun by :meth:`peek`: (its iterator, its first batch, its starting state when saved).
+        self._peeked: tuple[Iterator[Any], Any, np.ndarray | None] | None = None
         self._pass_state: np.ndarray | None = None
         self._restored_pass: np.ndarray | None = None  # a pass's state from a checkpoint
         self._reopen: tuple[np.ndarray, bool] | None = None  # (state, the pass after the saved one) for _new_pass
@@ -183,6 +189,14 @@ class SourceAdapter(_backend.DataAdapter):
 
     def on_epoch_end(self) -> None:
         self.inner.on_epoch_end()
+        if self._mirrors_epoch_end_pass and _backend.epoch_iterator_opened_next_pass():
+            self._draw_unread_pass()
+
+    def _draw_unread_pass(self) -> None:
+        # Keras's own loop on TensorFlow makes the next epoch's tf.data iterator as soon as an epoch's last step has
+        # run, and never reads it (the next epoch makes another): that draws the pipeline's next shuffle seed. kfit
+        # makes it too, so that a reshuffling pipeline trains in model.fit's order.
+        iter(self.inner.get_tf_dataset())
 
     @property
     def continues(self) -> bool:
@@ -235,20 +249,29 @@ class SourceAdapter(_backend.DataAdapter):
         return current is not None and current.done and steps - self._steps_at_open >= len(current.sizes)
 
     def _new_pass(self) -> None:
-        if not self._saves_passes:
+        reopen, self._reopen = self._reopen, None
+        peeked, self._peeked = self._peeked, None
+        if reopen is None and peeked is not None:  # the pass peek() began: read from its start
+            iterator, _, state = peeked
+            if self._saves_passes:
+                self._pass_state = state
+                self._saves_passes = state is not None
+        elif not self._saves_passes:
             self._underlying = iter(self._passes())
             return
-        # kfit makes the pass's tf.data iterator itself (to save its state) and reads it through Keras's own
-        # conversions for this backend.
-        dataset = self.inner.get_tf_dataset()
-        reopen, self._reopen = self._reopen, None
-        if reopen is not None and reopen[1]:  # the saved pass's random state, then the pass that followed it
-            _backend.set_tf_iterator_state(iter(dataset), reopen[0])
-        iterator = iter(dataset)
-        if reopen is not None and not reopen[1]:
-            _backend.set_tf_iterator_state(iterator, reopen[0])
-        self._pass_state = _backend.tf_iterator_state(iterator)
-        self._saves_passes = self._pass_state is not None  # TensorFlow cannot save this pipeline: not tried again
+        else:
+            # kfit makes the pass's tf.data iterator itself (to save its state, or to put a saved one in) and reads it
+            # through Keras's own conversions for this backend.
+            dataset = self.inner.get_tf_dataset()
+            if reopen is not None and reopen[1]:  # the saved pass's random state, then the pass that followed it
+                _backend.set_tf_iterator_state(iter(dataset), reopen[0])
+                if self._mirrors_epoch_end_pass:
+                    self._draw_unread_pass()  # made at the end of the saved pass's epoch, as Keras's loop does
+            iterator = iter(dataset)
+            if reopen is not None and not reopen[1]:
+                _backend.set_tf_iterator_state(iterator, reopen[0])
+            self._pass_state = _backend.tf_iterator_state(iterator)
+            self._saves_passes = self._pass_state is not None  # TensorFlow cannot save this pipeline: not tried again
         if self._passes == self.inner.get_tf_dataset:
             self._underlying = iterator
         else:
@@ -327,10 +350,32 @@ class SourceAdapter(_backend.DataAdapter):
         self._steps_at_open = self.steps + int(driver is not None and driver.pending is not None and driver.pending_known)
         return self._current
 
+    def peek(self, draws: bool) -> Any:
+        """The source's first batch as NumPy arrays (for kfit to build the model and size the first step).
+
+        Args:
+            draws: read it from an iterator of its own, as Keras's own ``fit`` does before its first epoch while the
+                model is not built (``_backend.fit_reads_a_first_batch``). Otherwise a ``tf.data`` pipeline's first
+                pass begins here and the first epoch reads it from its start: kfit makes no iterator over the
+                pipeline (drawing its next shuffle seed) that ``model.fit`` would not make.
+        """
+        if draws or not self._tf_data:
+            return next(iter(self.inner.get_numpy_iterator()))
+        iterator = iter(self.inner.get_tf_dataset())
+        state = _backend.tf_iterator_state(iterator) if self._saves_passes else None
+        first = next(iterator)
+        self._peeked = (itertools.chain([first], iterator), first, state)
+        return next(iter(_backend.keras_pass(self.inner, iter([first]), "get_numpy_iterator")))
+
     def first_batch(self) -> Any:
         """The source's first batch as this backend's loop reads it (Keras's conversion: sparse inputs become
         the backend's sparse tensors). For sources read from their start (arrays, ``tf.data``), not generators."""
-        return next(iter(self._passes()))
+        if self._peeked is None:
+            return next(iter(self._passes()))
+        first = self._peeked[1]  # the batch peek() read (no other iterator over the pipeline is made)
+        if self._passes == self.inner.get_tf_dataset:
+            return first
+        return next(iter(_backend.keras_pass(self.inner, iter([first]), self._passes.__name__)))
 
     def get_numpy_iterator(self) -> Iterator[Any]:
         return self._open(self.inner.get_numpy_iterator)

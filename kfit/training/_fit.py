@@ -565,7 +565,7 @@ class _StreamFit:
         and the validation minibatch size."""
         clock = self.clock
         if self.source is not None:
-            first = next(iter(self.source.inner.get_numpy_iterator()))
+            first = self.source.peek(draws=_backend.fit_reads_a_first_batch(self.model))
             # Until a step's batch is read (tf.data reads on its own thread), its size is taken as the first's.
             clock.minibatch_size = clock.minibatch_size or batch_size_of(first)
             if any(is_sparse(leaf) for leaf in flatten(first)):
