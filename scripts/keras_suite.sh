@@ -21,7 +21,11 @@ set -euo pipefail
 [ "${KFIT_KERAS_SUITE:-1}" = 0 ] && { echo "Keras suite skipped (KFIT_KERAS_SUITE=0)"; exit 0; }
 cd "$(dirname "$0")/.."
 suite="$(pwd)/keras_suite"
-keras_dir=$(python -c "import os, keras; print(os.path.dirname(keras.__file__))" 2>/dev/null)
+keras_dir=$(python -c "import os, keras; print(os.path.dirname(keras.__file__))" 2>/dev/null) || {
+  echo "keras_suite.sh: \`python\` ($(command -v python || echo 'not on PATH')) cannot import keras. Activate the" \
+       "environment that has kfit's test dependencies (e.g. \`. .venv/bin/activate\`) and run again." >&2
+  exit 2
+}
 site=$(dirname "$keras_dir")
 # Keras's tests that train through fit: every callback test (orbax_checkpoint_test.py needs the optional
 # orbax package; it runs when orbax is installed) and the trainer tests.
