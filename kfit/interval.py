@@ -5,7 +5,8 @@ Composer's time strings. Callbacks that act "every N" (``Checkpoint(frequency=..
 ``CrossValidation(frequency=...)``) take an Interval, its string, or a plain int (samples, the CNTK meaning), and
 ask the clock whether the step it has just counted crossed one: ``clock.crossed(interval)``.
 ``ProgressPrinter(freq=...)`` takes an Interval or its string too (its int keeps CNTK's meaning: minibatches of an
-epoch).
+epoch). The controllers' durations are written the same way: ``EarlyStopping(patience="3ep", min_duration="10ep")``,
+``ReduceLROnPlateau(cooldown="5000sp")``.
 
 Example:
     >>> from kfit import Clock

@@ -80,6 +80,16 @@ def first_stop(run: FakeRun, values, step: int = 100, key: str = "val_loss") -> 
         ({"patience": 2, "unit": "epochs", "burn_in": 1}, [1, 2, 2, 2, 2, 2, 2], 50, 6),
         ({"patience": 0, "min_samples": 500}, [1, 1, 1, 1, 1, 1], 100, 5),
         ({"patience": 0, "min_epochs": 3}, [1, 1, 1, 1, 1, 1], 100, 3),
+        # Durations as intervals, as every "every N" in kfit: the same decisions as the ints with `unit`.
+        ({"patience": "100sp", "burn_in": "250sp"}, [1, 2, 3, 4, 5], 100, 4),
+        ({"patience": 100, "burn_in": "250sp"}, [1, 2, 3, 4, 5], 100, 4),  # the string sets the unit of both
+        ({"patience": "1ep"}, [1, 2, 2, 2], 50, 3),
+        ({"patience": "2ep", "burn_in": 1}, [1, 2, 2, 2, 2, 2, 2], 50, 6),
+        ({"patience": "2ep", "burn_in": 1, "unit": "epochs"}, [1, 2, 2, 2, 2, 2, 2], 50, 6),
+        ({"patience": 0, "min_duration": "500sp"}, [1, 1, 1, 1, 1, 1], 100, 5),
+        ({"patience": 0, "min_duration": 500}, [1, 1, 1, 1, 1, 1], 100, 5),  # an int: samples
+        ({"patience": 0, "min_duration": "3ep"}, [1, 1, 1, 1, 1, 1], 100, 3),
+        ({"patience": 0, "min_duration": "4mb"}, [1, 1, 1, 1, 1, 1], 100, 4),  # one minibatch per evaluation here
         ({"patience": 2, "baseline": 0.5}, [0.8, 0.7, 0.6], 100, 2),
         ({"patience": 2, "baseline": 0.5}, [0.8, 0.4, 0.45, 0.42], 100, 4),
         ({"patience": 1}, [1.0, float("nan"), 0.5], 100, 2),
@@ -150,11 +160,14 @@ def test_early_stopping_on_training_loss_and_unknown_monitors():
         ({"factor": 0.5, "patience": 1, "min_lr_change": 0.2}, [1, 1, 1, 1], [1, 0.5, 0.25, 0.25], None),
         ({"factor": 0.5, "patience": 150, "unit": "samples"}, [1, 1, 1, 1, 1], [1, 1, 0.5, 0.5, 0.25], None),
         ({"factor": 0.5, "patience": 1, "unit": "epochs"}, [1, 1, 1, 1, 1], [1, 1, 0.5, 0.5, 0.25], None),
+        ({"factor": 0.5, "patience": "150sp"}, [1, 1, 1, 1, 1], [1, 1, 0.5, 0.5, 0.25], None),
+        ({"factor": 0.5, "patience": "1ep"}, [1, 1, 1, 1, 1], [1, 1, 0.5, 0.5, 0.25], None),
+        ({"factor": 0.5, "patience": 100, "cooldown": "200sp"}, [1, 1, 1, 1, 1, 1], [1, 0.5, 0.5, 0.5, 0.25, 0.25], None),
     ],
 )
 def test_reduce_lr_on_plateau_decisions(kwargs, values, rates, stop):
     reduce = ReduceLROnPlateau(**kwargs)
-    step = 50 if kwargs.get("unit") == "epochs" else 100
+    step = 50 if reduce.unit == "epochs" else 100
     run = FakeRun(reduce, learning_rate=1.0)
     seen, stopped_at = [], None
     for n, value in enumerate(values, start=1):
@@ -296,12 +309,22 @@ def test_a_run_restored_after_its_stop_trains_no_further():
         (EarlyStopping, {"burn_in": -2}, ValueError, r"burn_in=-2"),
         (EarlyStopping, {"min_samples": 0.5}, ValueError, r"min_samples=0.5"),
         (EarlyStopping, {"min_epochs": -1}, ValueError, r"min_epochs=-1"),
+        (EarlyStopping, {"patience": "3 epochs"}, ValueError, r"`patience`.*'2ep'.*patience='3 epochs'"),
+        (EarlyStopping, {"patience": "30mb"}, ValueError, r"`patience`.*not minibatches.*patience='30mb'"),
+        (EarlyStopping, {"patience": "3ep", "burn_in": "600sp"}, ValueError,
+         r"one unit.*patience='3ep', burn_in='600sp'"),
+        (EarlyStopping, {"patience": "3ep", "unit": "samples"}, ValueError, r"one unit.*patience='3ep', unit='samples'"),
+        (EarlyStopping, {"min_duration": "0ep"}, ValueError, r"`min_duration`.*min_duration='0ep'"),
+        (EarlyStopping, {"min_duration": "2ep", "min_samples": 10}, ValueError,
+         r"minimum training length once.*min_duration='2ep', min_samples=10"),
         (EarlyStopping, {"baseline": float("nan")}, ValueError, r"baseline=nan"),
         (EarlyStopping, {"restore_best_weights": 1}, TypeError, r"restore_best_weights=1"),
         (EarlyStopping, {"monitor": ""}, ValueError, r"`monitor`"),
         (ReduceLROnPlateau, {"factor": 1.0}, ValueError, r"`factor`.*\(0, 1\).*factor=1.0"),
         (ReduceLROnPlateau, {"factor": 0}, ValueError, r"factor=0"),
         (ReduceLROnPlateau, {"cooldown": -1}, ValueError, r"cooldown=-1"),
+        (ReduceLROnPlateau, {"patience": "2ep", "cooldown": "100sp"}, ValueError,
+         r"one unit.*patience='2ep', cooldown='100sp'"),
         (ReduceLROnPlateau, {"min_lr": -1e-3}, ValueError, r"min_lr=-0.001"),
         (ReduceLROnPlateau, {"min_lr_change": float("inf")}, ValueError, r"min_lr_change=inf"),
         (ReduceLROnPlateau, {"max_reductions": -1}, ValueError, r"max_reductions=-1"),

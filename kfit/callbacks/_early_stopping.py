@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from kfit import _checks
-from kfit.callbacks._monitor import MonitorCallback, check_count, check_real
+from kfit.callbacks._monitor import MonitorCallback, check_count, check_real, resolve_durations
+from kfit.interval import Interval
 
 
 class EarlyStopping(MonitorCallback):
@@ -28,7 +29,7 @@ class EarlyStopping(MonitorCallback):
       is decided; pydrobert's ``early_stopping_burnin``, Keras's ``start_from_epoch``),
     * does not improve, ``patience`` or more after the later of the last improvement and the end of the
       burn-in (Lasagne's ``val_improve_num_epochs``), and
-    * comes after ``min_samples`` samples and ``min_epochs`` epochs of training (Lasagne's ``min_epochs``).
+    * comes after ``min_duration`` of training (Lasagne's ``min_epochs``).
 
     The stop takes effect after the current step. Every counter, the best value and the best weights are
     in :meth:`get_state`: a run resumed from a checkpoint stops where the uninterrupted run stops (and a
@@ -37,11 +38,16 @@ class EarlyStopping(MonitorCallback):
     Args:
         monitor: the value to watch: ``"val_loss"``, ``"val_average_error"`` (CNTK's classification error
             when the metric is an accuracy), ``"val_<metric>"``, or a training log such as ``"loss"``.
-        patience: how long without improvement before stopping, in ``unit``.
-        unit: ``"evaluations"``, ``"samples"`` or ``"epochs"``: the unit of ``patience`` and ``burn_in``.
-        burn_in: no decision during the first ``burn_in`` units of time.
-        min_samples: never stop before this many samples of training (None: no minimum).
-        min_epochs: never stop before this many epochs of training (None: no minimum).
+        patience: how long without improvement before stopping: an int in ``unit``, or an interval string,
+            ``"3ep"`` (epochs) or ``"6000sp"`` (samples), which sets ``unit``.
+        unit: ``"evaluations"`` (the default), ``"samples"`` or ``"epochs"``: the unit of ``patience`` and
+            ``burn_in``, one for both.
+        burn_in: no decision during the first ``burn_in`` of time (as ``patience``).
+        min_duration: never stop before this much training: a :class:`kfit.Interval` or its string (``"10ep"``,
+            ``"50000sp"``, ``"1000mb"``), or an int of samples (None: no minimum).
+        min_samples: ``min_duration`` in samples, by the name Lasagne's and CNTK's users know (with
+            ``min_epochs``, both minimums hold).
+        min_epochs: ``min_duration`` in epochs.
         min_delta: the smallest change that counts as an improvement (>= 0).
         min_delta_mode: ``"absolute"`` or ``"relative"`` (a fraction of ``|best|``).
         mode: ``"min"``, ``"max"`` or ``"auto"`` (``"max"`` for accuracies and the like, else ``"min"``).
@@ -57,11 +63,12 @@ class EarlyStopping(MonitorCallback):
     Example:
         >>> import kfit
         >>> stop = kfit.callbacks.EarlyStopping("val_average_error", patience=3, burn_in=2,
-        ...                                     min_epochs=10, restore_best_weights=True)
-        >>> stop.mode, stop.patience
-        ('min', 3)
-        >>> kfit.callbacks.EarlyStopping("val_accuracy", patience=6000, unit="samples").mode
-        'max'
+        ...                                     min_duration="10ep", restore_best_weights=True)
+        >>> stop.mode, stop.patience, stop.min_epochs
+        ('min', 3, 10)
+        >>> stop = kfit.callbacks.EarlyStopping("val_accuracy", patience="6000sp")
+        >>> stop.mode, stop.patience, stop.unit
+        ('max', 6000, 'samples')
     """
 
     default_name = "early_stopping"
@@ -70,9 +77,10 @@ class EarlyStopping(MonitorCallback):
         self,
         monitor: str = "val_loss",
         *,
-        patience: int = 0,
-        unit: str = "evaluations",
-        burn_in: int = 0,
+        patience: int | str | Interval = 0,
+        unit: str | None = None,
+        burn_in: int | str | Interval = 0,
+        min_duration: int | str | Interval | None = None,
         min_samples: int | None = None,
         min_epochs: int | None = None,
         min_delta: float = 0.0,
@@ -83,15 +91,27 @@ class EarlyStopping(MonitorCallback):
         verbose: int = 0,
         name: str | None = None,
     ):
-        self.patience = check_count("patience", patience)
+        unit, durations = resolve_durations(unit, patience=patience, burn_in=burn_in)
+        self.patience = durations["patience"]
         self.min_samples = check_count("min_samples", min_samples, allow_none=True)
         self.min_epochs = check_count("min_epochs", min_epochs, allow_none=True)
+        #: The minimum training length in minibatches (``min_duration="1000mb"``).
+        self.min_minibatches: int | None = None
+        if min_duration is not None:
+            if min_samples is not None or min_epochs is not None:
+                raise _checks.InvalidArgumentError(
+                    "Give the minimum training length once: min_duration, or min_samples/min_epochs (its names in "
+                    f"samples and epochs). Received: min_duration={min_duration!r}, min_samples={min_samples!r}, "
+                    f"min_epochs={min_epochs!r}.")
+            minimum = Interval.parse(min_duration, name="min_duration")
+            attribute = {"sp": "min_samples", "ep": "min_epochs", "mb": "min_minibatches"}[minimum.unit]
+            setattr(self, attribute, minimum.value)
         self.baseline = check_real("baseline", baseline, low=-float("inf"), allow_none=True)
         _checks.boolean("restore_best_weights", restore_best_weights)
         self.restore_best_weights = restore_best_weights
         super().__init__(
             monitor, mode=mode, min_delta=min_delta, min_delta_mode=min_delta_mode, unit=unit,
-            burn_in=burn_in, verbose=verbose, name=name,
+            burn_in=durations["burn_in"], verbose=verbose, name=name,
         )
 
     def _reset(self) -> None:
@@ -112,16 +132,18 @@ class EarlyStopping(MonitorCallback):
             self.best_weights = [np.array(w) for w in self.model.get_weights()]
 
     def long_enough(self) -> bool:
-        """Whether training has reached ``min_samples`` and ``min_epochs``."""
+        """Whether training has reached its minimum length (``min_duration``, ``min_samples``, ``min_epochs``)."""
         samples = self.clock.samples
         if self.min_samples is not None and samples < self.min_samples:
+            return False
+        if self.min_minibatches is not None and self.clock.minibatches < self.min_minibatches:
             return False
         if self.min_epochs is not None:
             epoch_size = self.clock.epoch_size
             if not epoch_size:
                 raise RuntimeError(
                     "EarlyStopping(min_epochs=...) needs the clock's epoch size, which this run does not know. "
-                    "Train with kfit.fit, give SampleClock(num_samples=...), or use min_samples."
+                    "Train with kfit.fit, give SampleClock(num_samples=...), or give min_duration in samples."
                 )
             if samples < self.min_epochs * epoch_size:
                 return False

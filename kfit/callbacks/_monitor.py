@@ -16,6 +16,7 @@ import numpy as np
 
 from kfit import _checks
 from kfit.callbacks._base import KfitCallback
+from kfit.interval import Interval
 
 UNITS = ("evaluations", "samples", "epochs")
 MODES = ("auto", "min", "max")
@@ -32,6 +33,48 @@ def check_real(name: str, value: Any, *, low: float = 0.0, allow_none: bool = Fa
     return _checks.real(name, value, low=low, allow_none=allow_none)
 
 check_choice = _checks.choice
+
+# The units of Interval strings a controller's time can be counted in ("3ep", "6000sp").
+_DURATION_UNITS = {"sp": "samples", "ep": "epochs"}
+
+
+def resolve_durations(unit: str | None, **durations: Any) -> tuple[str, dict[str, int]]:
+    """The unit of a controller's time, and its durations (patience, burn-in, cooldown) as counts of it.
+
+    A duration is an int, counting ``unit`` (evaluations when ``unit`` is None), or, as every interval in kfit, a
+    :class:`kfit.Interval` or its string: ``"6000sp"`` (samples) or ``"3ep"`` (epochs). A duration given so sets
+    the unit of the callback's time: its durations given so, and ``unit`` when given, must agree, and its ints
+    count that unit.
+
+    Raises:
+        InvalidArgumentError: a duration that is neither, one in minibatches, or durations in different units.
+
+    Example:
+        >>> resolve_durations(None, patience="3ep", burn_in=1)
+        ('epochs', {'patience': 3, 'burn_in': 1})
+    """
+    if unit is not None:
+        unit = check_choice("unit", unit, UNITS)
+    counts: dict[str, int] = {}
+    chosen: dict[str, str] = {}
+    for name, value in durations.items():
+        if _checks.is_integer(value):
+            counts[name] = check_count(name, value)
+            continue
+        interval = Interval.parse(value, name=name)
+        if interval.unit not in _DURATION_UNITS:
+            raise _checks.InvalidArgumentError(
+                f"Invalid value for argument `{name}`: a controller counts its time in evaluations, samples or "
+                f"epochs, not minibatches. Received: {name}={value!r}. Give it in samples ('6000sp') or epochs ('3ep').")
+        chosen[name], counts[name] = _DURATION_UNITS[interval.unit], interval.value
+    units = set(chosen.values()) | ({unit} if unit is not None else set())
+    if len(units) > 1:
+        given = [f"{name}={durations[name]!r}" for name in chosen] + ([f"unit={unit!r}"] if unit is not None else [])
+        raise _checks.InvalidArgumentError(
+            f"The durations of one callback are counted in one unit. Received: {', '.join(given)}. Give them all in "
+            "samples ('6000sp') or all in epochs ('3ep'), or as ints with `unit`.")
+    return (units.pop() if units else "evaluations"), counts
+
 
 def higher_is_better(monitor: str) -> bool:
     """Whether ``mode="auto"`` maximizes ``monitor`` (accuracies, AUC, precision, recall, F1, IoU)."""
@@ -58,8 +101,10 @@ class MonitorCallback(KfitCallback):
         min_delta: the smallest change that counts as an improvement.
         min_delta_mode: ``"absolute"``: better than ``best -/+ min_delta``; ``"relative"``: better than
             ``best -/+ min_delta * |best|``.
-        unit: the unit of the durations (patience, burn-in, cooldown).
-        burn_in: the first ``burn_in`` units of time make no decision.
+        unit: the unit of the durations (patience, burn-in, cooldown): ``"evaluations"`` (the default),
+            ``"samples"`` or ``"epochs"``; a duration given as an interval string (``"3ep"``) sets it.
+        burn_in: the first ``burn_in`` units of time make no decision (an int in ``unit``, or ``"2ep"``,
+            ``"6000sp"``).
         verbose: 1 prints the decisions.
         name: the key of this callback's state in checkpoints.
     """
@@ -71,8 +116,8 @@ class MonitorCallback(KfitCallback):
         mode: str = "auto",
         min_delta: float = 0.0,
         min_delta_mode: str = "absolute",
-        unit: str = "evaluations",
-        burn_in: int = 0,
+        unit: str | None = None,
+        burn_in: int | str | Interval = 0,
         verbose: int = 0,
         name: str | None = None,
     ):
@@ -84,8 +129,8 @@ class MonitorCallback(KfitCallback):
         self.mode = ("max" if higher_is_better(monitor) else "min") if mode == "auto" else mode
         self.min_delta = check_real("min_delta", min_delta)
         self.min_delta_mode = check_choice("min_delta_mode", min_delta_mode, DELTA_MODES)
-        self.unit = check_choice("unit", unit, UNITS)
-        self.burn_in = check_count("burn_in", burn_in)
+        self.unit, durations = resolve_durations(unit, burn_in=burn_in)
+        self.burn_in = durations["burn_in"]
         self.verbose = check_count("verbose", verbose)
         self._source: str | None = None
         self._restored = False

@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from kfit import _backend, _checks
-from kfit.callbacks._monitor import MonitorCallback, check_count, check_real
+from kfit.callbacks._monitor import MonitorCallback, check_count, check_real, resolve_durations
+from kfit.interval import Interval
 
 
 class ReduceLROnPlateau(MonitorCallback):
@@ -39,11 +40,12 @@ class ReduceLROnPlateau(MonitorCallback):
     Args:
         monitor: the value to watch (see :class:`EarlyStopping`).
         factor: the factor of a reduction, ``0 < factor < 1``.
-        patience: how long without improvement before a reduction, in ``unit``.
-        unit: ``"evaluations"``, ``"samples"`` or ``"epochs"``: the unit of ``patience``, ``cooldown`` and
-            ``burn_in``.
-        cooldown: after a reduction, this long without decisions.
-        burn_in: no decision during the first ``burn_in`` units of time.
+        patience: how long without improvement before a reduction: an int in ``unit``, or an interval string,
+            ``"3ep"`` (epochs) or ``"6000sp"`` (samples), which sets ``unit``.
+        unit: ``"evaluations"`` (the default), ``"samples"`` or ``"epochs"``: the unit of ``patience``,
+            ``cooldown`` and ``burn_in``, one for all three.
+        cooldown: after a reduction, this long without decisions (as ``patience``).
+        burn_in: no decision during the first ``burn_in`` of time (as ``patience``).
         min_lr: the floor of the learning rate.
         min_lr_change: a reduction that would change the rate by this much or less is not made
             (torch's ``eps``, pydrobert's ``reduce_lr_log10_epsilon`` as ``10 ** epsilon``).
@@ -73,10 +75,10 @@ class ReduceLROnPlateau(MonitorCallback):
         monitor: str = "val_loss",
         *,
         factor: float = 0.1,
-        patience: int = 10,
-        unit: str = "evaluations",
-        cooldown: int = 0,
-        burn_in: int = 0,
+        patience: int | str | Interval = 10,
+        unit: str | None = None,
+        cooldown: int | str | Interval = 0,
+        burn_in: int | str | Interval = 0,
         min_lr: float = 0.0,
         min_lr_change: float = 0.0,
         min_delta: float = 1e-4,
@@ -88,15 +90,15 @@ class ReduceLROnPlateau(MonitorCallback):
         name: str | None = None,
     ):
         self.factor = _checks.real("factor", factor, low=0.0, high=1.0, low_inclusive=False, high_inclusive=False)
-        self.patience = check_count("patience", patience)
-        self.cooldown = check_count("cooldown", cooldown)
+        unit, durations = resolve_durations(unit, patience=patience, cooldown=cooldown, burn_in=burn_in)
+        self.patience, self.cooldown = durations["patience"], durations["cooldown"]
         self.min_lr = check_real("min_lr", min_lr)
         self.min_lr_change = check_real("min_lr_change", min_lr_change)
         self.stop_at_floor = _checks.boolean("stop_at_floor", stop_at_floor)
         self.max_reductions = check_count("max_reductions", max_reductions, allow_none=True)
         super().__init__(
             monitor, mode=mode, min_delta=min_delta, min_delta_mode=min_delta_mode, unit=unit,
-            burn_in=burn_in, verbose=verbose, name=name,
+            burn_in=durations["burn_in"], verbose=verbose, name=name,
         )
 
     def _reset(self) -> None:
