@@ -307,7 +307,7 @@ def set_epoch_batches(num_batches: int | None) -> None:
 
 
 def _running_epoch_iterator() -> Any:
-    """The ``EpochIterator`` whose ``_enumerate_iterator`` called the adapter hook calling us, if any."""
+    """The ``EpochIterator`` whose method called the adapter hook calling our caller, if any."""
     from keras.src.trainers.epoch_iterator import EpochIterator
 
     frame = sys._getframe(2)
@@ -323,16 +323,14 @@ def _running_epoch_iterator() -> Any:
 
 def epoch_iterator_opened_next_pass() -> bool:
     """True when the adapter's ``on_epoch_end`` calling us is called by an ``EpochIterator`` that has just made
-    the iterator for its next epoch: its loop ran a pass of known length to its end (no ``steps_per_epoch``).
-    On TensorFlow that iterator is a ``tf.data`` iterator, made at once and never read (the next epoch makes its
-    own): over a user's ``tf.data`` pipeline it draws the pipeline's next shuffle seed. Checked against Keras
-    3.10-3.15 (``EpochIterator._enumerate_iterator``)."""
-    from keras.src.trainers.epoch_iterator import EpochIterator
-
-    frame = sys._getframe(2)  # 0: here, 1: the adapter's on_epoch_end, 2: its caller
-    owner = frame.f_locals.get("self")
-    return (frame.f_code.co_name == "_enumerate_iterator" and isinstance(owner, EpochIterator)
-            and owner.steps_per_epoch is None and owner._steps_seen == 0 and owner._current_iterator is not None)
+    the iterator for its next epoch: its loop ran a pass of known length to its end (no ``steps_per_epoch``; a
+    pass that ran dry and ``reset()`` drop the iterator before calling the hook). On TensorFlow that iterator is a
+    ``tf.data`` iterator, made at once and never read (the next epoch makes its own): over a user's ``tf.data``
+    pipeline it draws the pipeline's next shuffle seed. Checked against Keras 3.10-3.15
+    (``EpochIterator._enumerate_iterator``, ``reset``, ``catch_stop_iteration``)."""
+    owner = _running_epoch_iterator()
+    return (owner is not None and owner.steps_per_epoch is None and owner._steps_seen == 0
+            and owner._current_iterator is not None)
 
 
 def average_in_progbar(progbar: Any, name: str) -> None:

@@ -323,12 +323,14 @@ class Checkpoint(KfitCallback):
             self._history_epochs = None
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self._raise_swallowed_interrupt()
+        if self._interrupted:
+            self._raise_swallowed_interrupt()
         if self.training_run.clock is not None:  # plain model.fit without a SampleClock: epochs only
             super().on_train_batch_begin(batch, logs)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self._raise_swallowed_interrupt()
+        if self._interrupted:
+            self._raise_swallowed_interrupt()
         self._steps_unsaved += 1
         if self.training_run.clock is not None:
             self._dispatch_step_end(batch, logs)  # KfitCallback's batch-end hook: counts the step, on_step_end
@@ -442,6 +444,7 @@ class Checkpoint(KfitCallback):
         return False
 
     def _raise_swallowed_interrupt(self) -> None:
+        """Raises the Ctrl-C the signal handler passed on, if it was lost (per step, callers check the flag first)."""
         if self._interrupted:
             self._interrupted = False
             raise KeyboardInterrupt("Ctrl-C during training (raised again at the next step boundary: the first "

@@ -135,9 +135,10 @@ class SourceAdapter(_backend.DataAdapter):
         #: A tf.data pipeline read from its start at every epoch: a checkpoint saves the state its iterator had
         #: when the last pass opened began (not when TensorFlow cannot save the pipeline).
         self._tf_data = type(inner).__name__ == "TFDatasetAdapter"
-        self._saves_passes = save_passes and self._tf_data and not self.continues
+        restarting_tf_data = self._tf_data and not self.continues
+        self._saves_passes = save_passes and restarting_tf_data
         #: Makes the unread tf.data iterator Keras's own loop makes at each epoch's end (see :meth:`on_epoch_end`).
-        self._mirrors_epoch_end_pass = self._tf_data and not self.continues and _backend.BACKEND == "tensorflow"
+        self._mirrors_epoch_end_pass = restarting_tf_data and _backend.BACKEND == "tensorflow"
         #: The first pass, begun by :meth:`peek`: (its iterator, its first batch, its starting state when saved).
         self._peeked: tuple[Iterator[Any], Any, np.ndarray | None] | None = None
         self._pass_state: np.ndarray | None = None
@@ -272,10 +273,14 @@ class SourceAdapter(_backend.DataAdapter):
                 _backend.set_tf_iterator_state(iterator, reopen[0])
             self._pass_state = _backend.tf_iterator_state(iterator)
             self._saves_passes = self._pass_state is not None  # TensorFlow cannot save this pipeline: not tried again
-        if self._passes == self.inner.get_tf_dataset:
-            self._underlying = iterator
-        else:
-            self._underlying = iter(_backend.keras_pass(self.inner, iterator, self._passes.__name__))
+        self._underlying = self._read_as(iterator, self._passes.__name__)
+
+    def _read_as(self, iterator: Iterator[Any], method: str) -> Iterator[Any]:
+        """``iterator``, over the tf.data pipeline, read in the form Keras's ``inner.<method>()`` gives (its own
+        conversions for the backend's loop, sparse ones included)."""
+        if method == "get_tf_dataset":
+            return iterator
+        return iter(_backend.keras_pass(self.inner, iterator, method))
 
     def get_state(self) -> dict[str, Any] | None:
         """What a checkpoint saves of the source: the state of a ``tf.data`` iterator as the last pass opened began;
@@ -365,17 +370,15 @@ class SourceAdapter(_backend.DataAdapter):
         state = _backend.tf_iterator_state(iterator) if self._saves_passes else None
         first = next(iterator)
         self._peeked = (itertools.chain([first], iterator), first, state)
-        return next(iter(_backend.keras_pass(self.inner, iter([first]), "get_numpy_iterator")))
+        return next(self._read_as(iter([first]), "get_numpy_iterator"))
 
     def first_batch(self) -> Any:
         """The source's first batch as this backend's loop reads it (Keras's conversion: sparse inputs become
         the backend's sparse tensors). For sources read from their start (arrays, ``tf.data``), not generators."""
         if self._peeked is None:
             return next(iter(self._passes()))
-        first = self._peeked[1]  # the batch peek() read (no other iterator over the pipeline is made)
-        if self._passes == self.inner.get_tf_dataset:
-            return first
-        return next(iter(_backend.keras_pass(self.inner, iter([first]), self._passes.__name__)))
+        # The batch peek() read: no other iterator over the pipeline is made.
+        return next(self._read_as(iter([self._peeked[1]]), self._passes.__name__))
 
     def get_numpy_iterator(self) -> Iterator[Any]:
         return self._open(self.inner.get_numpy_iterator)
