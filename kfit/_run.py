@@ -44,6 +44,9 @@ class RunLoop:
     def member_ended(self, run: Run, callback: Any) -> None:
         """``callback``'s ``on_train_end`` ran."""
 
+    def epoch_begins(self, run: Run) -> None:
+        """An epoch begins (told by the first kfit callback whose ``on_epoch_begin`` runs)."""
+
     def prepare_restore(self, run: Run, restore: Any) -> int | None:
         """Adjusts a planned restore (``kfit.checkpoint._state.Restore``) before it is applied; returns the epoch the
         loop must start from when the loop cannot resume where the clock stands (else None)."""
@@ -90,6 +93,9 @@ class Run:
         epochs, max_samples: the bounds of the run (None when not given).
         driver: sets ``clock.minibatch_size`` before each step and counts the step after (:class:`StepDriver`).
         resumed_mid_epoch: set by a restore: the epoch's training-metric state was restored and continues.
+        initial_epoch_set: a restore told ``model.fit`` the epoch to start from (undone when the run ends).
+        restored_history_epochs: the epochs of a restored history, for a ``History`` that forgets them when
+            training begins (Keras's own, under plain ``model.fit``; put back when the first epoch begins).
         manual: a clock attached by hand (:func:`kfit.clock.attach_clock`): callbacks driven outside any loop.
         compile_ahead: under :func:`kfit.fit` on JAX, what compiles the train step for the coming minibatch sizes
             (``kfit.training._compile_ahead``).
@@ -105,6 +111,8 @@ class Run:
     max_samples: int | None = None
     driver: Any = None
     resumed_mid_epoch: bool = False
+    initial_epoch_set: bool = False
+    restored_history_epochs: list | None = None
     manual: bool = False
     compile_ahead: Any = None
     #: Training has begun (``on_train_begin``): a callback handed the model again belongs to a new run.
@@ -145,6 +153,11 @@ class Run:
         """``callback``'s ``on_train_end`` ran (told to the run's loop)."""
         if self.loop is not None:
             self.loop.member_ended(self, callback)
+
+    def epoch_begins(self) -> None:
+        """An epoch begins (told to the run's loop)."""
+        if self.loop is not None:
+            self.loop.epoch_begins(self)
 
 
 def start(run: Run) -> Run:

@@ -20,7 +20,8 @@ NO_CLOCK_MESSAGE = (
 def _flushing(hook: Any) -> Any:
     """Wraps an epoch/train hook so that the clock has counted the last step (a step is counted at its batch
     end only when some callback makes Keras dispatch batch ends synchronously); marks the run begun, and
-    tells the run's loop when the callback has begun (``on_train_begin``) and ended (``on_train_end``)."""
+    tells the run's loop when the callback has begun (``on_train_begin``), an epoch begins (``on_epoch_begin``)
+    and the callback has ended (``on_train_end``)."""
 
     name = getattr(hook, "__name__", "hook")
 
@@ -41,6 +42,8 @@ def _flushing(hook: Any) -> Any:
             if outermost:
                 run.member_began(self)
             return result
+        if name == "on_epoch_begin":
+            run.epoch_begins()
         try:
             return hook(self, *args, **kwargs)
         finally:
@@ -145,6 +148,10 @@ class KfitCallback(keras.callbacks.Callback):
 
     @_flushing
     def on_train_begin(self, logs: dict | None = None) -> None:
+        pass
+
+    @_flushing
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         pass
 
     @_flushing

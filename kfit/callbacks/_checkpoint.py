@@ -1,9 +1,9 @@
-"""Full-state checkpoints on the sample clock, restored at the start of training (CNTK's ``CheckpointConfig``)."""
+"""Full-state checkpoints on the sample clock (CNTK's ``CheckpointConfig``). This callback saves; the run's loop
+restores, as a step of the loop (``kfit.checkpoint._restore``)."""
 
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import signal
 import sys
@@ -13,15 +13,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import keras
-
-from kfit import _backend, _checks, _run
+from kfit import _checks, _run
 from kfit.callbacks._base import KfitCallback
-from kfit.checkpoint import CheckpointInfo, _format, _info, _lock, _signals, _state
+from kfit.checkpoint import CheckpointInfo, _format, _lock, _run_status, _signals, _state
 from kfit.checkpoint._format import (
-    CheckpointCorruptError,
     CheckpointError,
-    CheckpointMismatchError,
     CheckpointWriteError,
 )
 from kfit.clock import Clock
@@ -130,7 +126,10 @@ class Checkpoint(KfitCallback):
     One writer per path: the callback holds ``path + ".lock"`` from the start of training to its end, and
     a second writer on the path (another callback, here or in another process) is refused naming the holder.
 
-    Under plain ``model.fit`` the callback saves and restores everything it can reach (add a
+    Restoring is a step of the loop that drives the run (``kfit.checkpoint._restore``), taken once every kfit
+    callback has begun; :attr:`restored_from` and :attr:`finished_before` say what it found.
+
+    Under plain ``model.fit`` the run is saved and restored as far as it can be (add a
     :class:`SampleClock` for sample frequencies); model.fit then goes on from the start of the saved epoch,
     not bit-identically. The restore comes after every kfit callback's ``on_train_begin``, wherever the
     Checkpoint stands in model.fit's list. Exact resumption needs ``kfit.fit``.
@@ -234,16 +233,6 @@ class Checkpoint(KfitCallback):
         self._pending = False
         self._steps_unsaved = 0
         self._epochs_done = 0
-        self._history_epochs: list | None = None
-        self._set_initial_epoch = False
-
-    # -- the run's parts -------------------------------------------------------------------------
-    def _parts(self) -> _run.Run:
-        run = self.training_run
-        if run.history is None:  # plain model.fit: the History Keras made for this call
-            history = getattr(self._model, "history", None)
-            run.history = history if isinstance(history, keras.callbacks.History) else None
-        return run
 
     def _chief(self) -> bool:
         from kfit import distributed
@@ -256,7 +245,6 @@ class Checkpoint(KfitCallback):
         self._pending = False
         self._steps_unsaved = 0
         self._epochs_done = 0
-        self._history_epochs = None
         self.restored_from = None
         self.finished_before = False
         self.interrupted = False
@@ -268,7 +256,7 @@ class Checkpoint(KfitCallback):
         self._interrupted = False
         if self.interval is not None:
             self.clock  # noqa: B018  (a step frequency needs the clock: raises a clear error without one)
-        _state.stateful_callbacks(self._parts().callbacks)  # two callbacks with one state key: refuse now
+        _state.stateful_callbacks(self.training_run.callbacks)  # two callbacks with one state key: refuse now
         try:
             if self._chief():
                 self._check_writable()
@@ -279,18 +267,6 @@ class Checkpoint(KfitCallback):
             raise
         self._training = True
         self._guard.install()
-
-    def resume(self) -> None:
-        """Restores the newest intact checkpoint into the run, if ``restore`` and there is one. The run's loop calls
-        it as a step of the loop, once every kfit callback's ``on_train_begin`` has run (``kfit.fit``: before
-        the workers agree on the state; plain ``model.fit``: ``kfit.callbacks._model_fit.ModelFitLoop``)."""
-        if not self.restore:
-            return
-        try:
-            self._restore()
-        except BaseException:
-            self.release()
-            raise
 
     def _holds_run(self) -> bool:
         """Training with this callback is under way (False after a run that ended with an exception, which
@@ -313,14 +289,6 @@ class Checkpoint(KfitCallback):
                 f"Cannot write checkpoints to {self.path!r}: {error.strerror or error}. Give a path in a writable "
                 "directory (checked before training starts, so no training is lost)."
             ) from error
-
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        # Plain model.fit: its History callback runs after this one and empties its epoch list at train begin.
-        if self._history_epochs is not None:
-            history = self._parts().history
-            if history is not None and not history.epoch:
-                history.epoch = list(self._history_epochs)
-            self._history_epochs = None
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         if self._interrupted:
@@ -382,9 +350,6 @@ class Checkpoint(KfitCallback):
             self._wait_writer()
         finally:
             self.release()
-            if self._set_initial_epoch:
-                _backend.set_initial_epoch(self._model, None)  # as set for model.fit by a restore; not for the next fit
-                self._set_initial_epoch = False
 
     def wait(self) -> None:
         """Waits for the checkpoint being written in the background (raises its error, if it failed)."""
@@ -474,7 +439,7 @@ class Checkpoint(KfitCallback):
         if not self._chief():
             return
         self._wait_writer()  # its buffers are reused; a failed write is raised (or warned about) here
-        parts = self._parts()
+        parts = self.training_run
         # collect() syncs the loop's state into the variables on JAX (as self.model does): at save time only.
         arrays, meta = _state.collect(parts, self._buffers if self.async_write else None, epoch, logs)
         meta["run"] = self._run_status()
@@ -497,86 +462,6 @@ class Checkpoint(KfitCallback):
         except CheckpointWriteError as error:
             self._write_failed(error)
 
-    # -- restoring -------------------------------------------------------------------------------
-    def _read_newest(self) -> tuple[str, dict, dict, list[str]] | None:
-        """The newest intact checkpoint (a damaged newer file is passed over, never a crash). With several
-        workers rank 0 reads it and sends its bytes to the others, so that only rank 0 needs the file (no
-        shared file system) and every worker restores the same state."""
-        from kfit import distributed
-
-        if distributed.size() == 1:
-            return _format.read_newest_intact(self.path)
-        from kfit.distributed import _state as _collective
-
-        header: dict[str, Any] = {}
-        data = b""
-        if distributed.is_chief():
-            try:
-                found = _format.newest_intact_image(self.path)
-            except CheckpointError as error:  # the others must not wait for a file that will not come
-                found, header = None, {"error": str(error), "corrupt": isinstance(error, CheckpointCorruptError)}
-            if found is not None:
-                data, header = found[3], {"file": found[0], "damaged": found[4]}
-        received = _collective.broadcast_bytes(json.dumps(header).encode() + b"\n" + data if distributed.is_chief()
-                                               else None, 0, "kfit.checkpoint")
-        text, _, data = received.partition(b"\n")
-        header = json.loads(text)
-        if "error" in header:
-            raise (CheckpointCorruptError if header["corrupt"] else CheckpointError)(header["error"])
-        if "file" not in header:
-            return None
-        meta, arrays = _format.read_image(header["file"], data)
-        return header["file"], meta, arrays, header["damaged"]
-
-    def _restore(self) -> None:
-        found = self._read_newest()
-        if found is None:
-            return
-        file, meta, arrays, damaged = found
-        parts = self._parts()
-        # A loop that restarts the epoch (model.fit) resets the metrics: restoring them would only raise warnings.
-        try:
-            restore = _state.plan_restore(parts, meta, arrays, file, metrics=parts.loop.exact_resume)
-        except CheckpointMismatchError as mismatch:
-            raise CheckpointMismatchError(
-                f"{mismatch} To start over instead of resuming: pass restore=False to Checkpoint, or delete "
-                f"{file!r} and the other checkpoints of {self.path!r}."
-            ) from None
-        start_epoch = parts.loop.prepare_restore(parts, restore)
-        if start_epoch is not None:
-            self._start_at_epoch(start_epoch)
-        if restore.history is not None:  # for a History that forgets its epochs when training begins (Keras's)
-            self._history_epochs = list(restore.history["epoch"])
-        _state.apply_restore(parts, restore, meta, arrays)
-        self._after_restore(parts)
-        self.restored_from = _info(file, meta, checksum_ok=True)
-        if damaged:
-            warnings.warn(" ".join(damaged) + f" Falling back to the previous intact checkpoint: resumed from "
-                          f"{file!r} (sample {self.restored_from.samples}).", stacklevel=2)
-        self._resume_or_finish(self.restored_from)
-
     def _run_status(self) -> dict:
-        from kfit.callbacks import _run_status
+        return _run_status.status(self.training_run, self.params, self._epochs_done, self.interrupted)
 
-        return _run_status.status(self._parts(), self.params, self._epochs_done, self.interrupted)
-
-    def _resume_or_finish(self, info: CheckpointInfo) -> None:
-        from kfit.callbacks import _run_status
-
-        restored_epoch = _backend.initial_epoch(self._model) if self._set_initial_epoch else info.epoch
-        self.finished_before = _run_status.resume_or_finish(self, info, restored_epoch)
-        if self.finished_before:
-            start_epoch = self.training_run.loop.finished_epoch(self.training_run, self.params, restored_epoch)
-            if start_epoch is not None:
-                self._start_at_epoch(start_epoch)
-
-    def _start_at_epoch(self, epoch: int) -> None:
-        """Tells the loop the epoch to start from (read by ``model.fit`` after ``on_train_begin``; undone when
-        training ends)."""
-        _backend.set_initial_epoch(self._model, epoch)
-        self._set_initial_epoch = True
-
-    def _after_restore(self, parts: _run.Run) -> None:
-        clock = parts.clock
-        if clock is not None and clock.samples_in_epoch != 0:  # (model.fit's loop moved the clock to the epoch start)
-            parts.resumed_mid_epoch = True  # the restored metric state continues the epoch

@@ -3,10 +3,12 @@
 Under ``model.fit`` Keras runs the loop and kfit only has its callbacks. This module gives such a run what
 :func:`kfit.fit`'s loop gives its own, so that no callback asks which loop drives it:
 
-- :class:`ModelFitLoop`, the run's :class:`kfit._run.RunLoop`: restoring a checkpoint is a step it takes once
-  every kfit callback of the run has begun (whatever their order in ``model.fit``'s list); it puts a restored
-  clock at the start of its epoch (``model.fit`` cannot start in the middle of one) and tells ``model.fit``
-  the epoch to start from; the run ends when every kfit callback's ``on_train_end`` has run.
+- :class:`ModelFitLoop`, the run's :class:`kfit._run.RunLoop`: restoring a checkpoint
+  (:func:`kfit.checkpoint._restore.restore_run`) is a step it takes once every kfit callback of the run has begun
+  (whatever their order in ``model.fit``'s list); it puts a restored clock at the start of its epoch
+  (``model.fit`` cannot start in the middle of one), tells ``model.fit`` the epoch to start from, and gives
+  Keras's ``History`` back the restored epochs it forgot when training began; the run ends when every kfit
+  callback's ``on_train_end`` has run.
 - :class:`FitDriver`, the clock's driver that :class:`kfit.callbacks.SampleClock` installs: a step is
   ``batch_size`` samples, the last of an epoch what is left of it.
 """
@@ -17,8 +19,11 @@ import math
 import warnings
 from typing import Any
 
-from kfit import _run
+import keras
+
+from kfit import _backend, _run
 from kfit._run import RunLoop, StepDriver
+from kfit.checkpoint import _restore
 from kfit.clock import Clock
 
 MODEL_FIT_NOTE = (
@@ -47,13 +52,26 @@ class ModelFitLoop(RunLoop):
             return
         # Every kfit callback has reset itself for this run: the restore step (as kfit.fit's loop takes it).
         self._restored = True
-        for member in run.members():
-            if getattr(member, "writes_checkpoints", False):
-                member.resume()
+        if run.history is None:  # the History Keras made for this model.fit call
+            history = getattr(run.model, "history", None)
+            run.history = history if isinstance(history, keras.callbacks.History) else None
+        _restore.restore_run(run)
+
+    def epoch_begins(self, run: _run.Run) -> None:
+        # Keras's History empties its epoch list in its on_train_begin, which comes after every kfit callback's.
+        if run.restored_history_epochs is not None:
+            if run.history is not None and not run.history.epoch:
+                run.history.epoch = list(run.restored_history_epochs)
+            run.restored_history_epochs = None
 
     def member_ended(self, run: _run.Run, callback: Any) -> None:
         self._ended.add(id(callback))
-        if not run.manual and all(id(c) in self._ended for c in run.members()):
+        if not all(id(c) in self._ended for c in run.members()):
+            return
+        if run.initial_epoch_set:  # as a restore set it for this model.fit; not for the next
+            _backend.set_initial_epoch(run.model, None)
+            run.initial_epoch_set = False
+        if not run.manual:
             _run.end(run)
 
     def prepare_restore(self, run: _run.Run, restore: Any) -> int | None:

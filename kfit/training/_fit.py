@@ -19,6 +19,7 @@ import numpy as np
 
 from kfit import _backend, _run
 from kfit.callbacks._sample_clock import SampleClock
+from kfit.checkpoint import _restore
 from kfit.clock import Clock
 from kfit.data._adapter import StreamAdapter, declared_batches, pack_batch
 from kfit.data._pydataset import PyDatasetStream
@@ -290,8 +291,7 @@ class _RunControl(keras.callbacks.Callback):
         fit.release_writes = _backend.hold_writes(model)
         if fit.source is None and not fit.distributed:
             fit.run.compile_ahead = CompileAhead(model, fit.first_host)
-        for checkpoint in fit.checkpoints:  # restoring is a step of the loop: after every on_train_begin
-            checkpoint.resume()
+        _restore.restore_run(fit.run)  # restoring is a step of the loop: after every on_train_begin
         started_at = _backend.initial_epoch(model)
         if started_at and clock.samples == 0 and fit.source is None:
             # Another callback (Keras's BackupAndRestore) restored an epoch number, as under model.fit: the
@@ -462,7 +462,6 @@ class _StreamFit:
         self.history = RunHistory()
         self.summaries = EpochSummaries(self.history)
         self.callbacks = ordered_callbacks(callbacks + [self.summaries])
-        self.checkpoints = [c for c in self.callbacks if getattr(c, "writes_checkpoints", False)]
         self.run = _run.Run(model, clock=clock, stream=self.stream if self.source is None else self.source,
                             callbacks=list(self.callbacks),
                             history=self.history, loop=_run.RunLoop(), epochs=self.epochs, max_samples=self.max_samples)

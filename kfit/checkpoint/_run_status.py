@@ -102,30 +102,29 @@ def changed_schedules(callbacks: list, info: Any) -> list[str]:
     return notes
 
 
-def resume_or_finish(checkpoint: Any, info: Any, restored_epoch: int | None) -> bool:
+def resume_or_finish(run: Any, info: Any, restored_epoch: int | None, resume_finished: bool = False,
+                     params: dict | None = None) -> bool:
     """After a restore: print the resume line, or say that the run had finished and stop it before its first step.
 
     Returns:
         True when the run had finished and this one trains nothing.
     """
-    model = checkpoint._model
-    params = checkpoint.params
+    model = run.model
     stopped = info.status == "stopped"
-    if stopped and checkpoint.resume_finished:
+    if stopped and resume_finished:
         model.stop_training = False
-        for callback in checkpoint._parts().callbacks:  # the controllers' stop marks; their counters stay
+        for callback in run.callbacks:  # the controllers' stop marks; their counters stay
             if getattr(callback, "stopped_samples", None) is not None and hasattr(callback, "stopped"):
                 callback.stopped_samples = None
         _say(resume_line(info, restored_epoch) + f"; it had {info.status_reason or 'stopped'}: going on (resume_finished=True)")
         return False
-    run = checkpoint.training_run
     reached = None if stopped else run.loop.end_reached(run, params, restored_epoch)
     if not stopped and reached is None:
         note = ""
         if info.status == "complete":
             note = f"; the run was complete ({info.status_reason}): going on to the new end"
         _say(resume_line(info, restored_epoch) + note)
-        for line in changed_schedules(checkpoint._parts().callbacks, info):
+        for line in changed_schedules(run.callbacks, info):
             _say(line)
         return False
     why = info.status_reason if stopped else (info.status_reason if info.status == "complete" else reached)
