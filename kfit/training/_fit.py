@@ -322,7 +322,7 @@ class _RunControl(keras.callbacks.Callback):
         """Positions a source for the restored clock (by skipping ahead); True when that is mid-epoch."""
         clock = fit.clock
         if clock.samples == 0:
-            _backend.set_initial_epoch(fit.model, fit.initial_epoch)
+            _backend.set_initial_epoch(fit.model, fit.options.initial_epoch)
             return False
         source = fit.source
         if source.continues and source.steps_per_epoch:
@@ -438,35 +438,36 @@ class _StreamFit:
                  options: FitOptions, source: bool = False):
         from kfit import distributed
 
-        o = options
-        self.model = model
+        o = self.options = options
+        #: The run's parts (model, clock, stream, callbacks, history, bounds) live in the run, not here.
+        self.run = _run.Run(model, loop=_run.RunLoop(), history=RunHistory())
         self.source: SourceAdapter | None = None
         self.stream: Any = None
-        self.validation_steps, self.validation_freq = o.validation_steps, o.validation_freq
-        self.validation_batch_size = o.validation_batch_size
         self.class_weight = o.class_weight
         self.verbose = 1 if o.verbose == "auto" else o.verbose
         if not distributed.is_chief():
             self.verbose = 0  # only rank 0 prints progress
         self.distributed = distributed.size() > 1
-        self.initial_epoch = o.initial_epoch
         if source:
             self._init_source(x, y, sample_weight, o,
                               saves=any(getattr(c, "writes_checkpoints", False) for c in callbacks))
-            clock = Clock()
+            self.run.clock = Clock()
         else:
             validation_data = self._init_stream(x, y, sample_weight, validation_data, o)
-            clock = Clock(samples=o.initial_epoch * self.epoch_size, epoch_size=self.epoch_size)
+            self.run.clock = Clock(samples=o.initial_epoch * self.epoch_size, epoch_size=self.epoch_size)
+        self.run.stream = self.stream if self.source is None else self.source
         self.validation_data = validation_data
-        self.clock = clock
-        self.history = RunHistory()
         self.summaries = EpochSummaries(self.history)
-        self.callbacks = ordered_callbacks(callbacks + [self.summaries])
-        self.run = _run.Run(model, clock=clock, stream=self.stream if self.source is None else self.source,
-                            callbacks=list(self.callbacks),
-                            history=self.history, loop=_run.RunLoop(), epochs=self.epochs, max_samples=self.max_samples)
+        self.run.callbacks = ordered_callbacks(callbacks + [self.summaries])
         self.release_writes: Any = lambda: None
         self.first_host: Any = None  # the first minibatch as read (NumPy): what the step is compiled ahead for
+
+    model = property(lambda self: self.run.model, doc="The model being trained.")
+    clock = property(lambda self: self.run.clock, doc="The run's sample clock.")
+    history = property(lambda self: self.run.history, doc="The run's History (:class:`RunHistory`).")
+    callbacks = property(lambda self: self.run.callbacks, doc="The user's callbacks and kfit's, in calling order.")
+    epochs = property(lambda self: self.run.epochs, doc="The epochs to train (None: until ``max_samples``).")
+    max_samples = property(lambda self: self.run.max_samples, doc="The samples to train (None: no bound).")
 
     def _init_stream(self, x: Any, y: Any, sample_weight: Any, validation_data: Any, o: FitOptions) -> Any:
         """kfit's stream over arrays or a PyDataset; returns the validation data (``validation_split`` cut)."""
@@ -493,8 +494,8 @@ class _StreamFit:
                                  "`steps_per_epoch`.")
             epoch_size = o.steps_per_epoch * self.fixed_size
         self.epoch_size = int(epoch_size or self.stream.num_samples)
-        self.epochs = 1 if o.epochs is None and o.max_samples is None else o.epochs
-        self.max_samples = o.max_samples
+        self.run.epochs = 1 if o.epochs is None and o.max_samples is None else o.epochs
+        self.run.max_samples = o.max_samples
         self.stop_at = min(b for b in (o.max_samples, None if self.epochs is None else self.epochs * self.epoch_size)
                            if b is not None)
         self.num_epochs = math.ceil(self.stop_at / self.epoch_size)
@@ -514,8 +515,8 @@ class _StreamFit:
                                     steps_per_epoch=o.steps_per_epoch, save_passes=saves)
         self.class_weight = None
         self.fixed_size = inner.batch_size
-        self.epochs = o.epochs if o.epochs is not None or o.max_samples is not None else 1
-        self.max_samples = o.max_samples
+        self.run.epochs = o.epochs if o.epochs is not None or o.max_samples is not None else 1
+        self.run.max_samples = o.max_samples
         self.stop_at = o.max_samples if o.max_samples is not None else math.inf
         self.num_epochs = self.epochs if self.epochs is not None else 2**31 - 1
         self.prefetch = 0
@@ -612,7 +613,7 @@ class _StreamFit:
                 distributed.prepare_model(model)
             _backend.build(model, first)
             validation_data, sharded = _validation.shard_validation_data(self.validation_data, model,
-                                                                         self.validation_steps)
+                                                                         self.options.validation_steps)
             if sharded:  # first at the epoch end (the lowest order), before _AverageMetrics
                 callbacks = [_validation.CombineValidation(), *callbacks]
             with warnings.catch_warnings():
@@ -620,9 +621,9 @@ class _StreamFit:
                 warnings.filterwarnings("ignore", message="Your input ran out of data")
                 model.fit(
                     adapter, epochs=self.num_epochs, verbose=self.verbose, callbacks=callbacks,
-                    validation_data=validation_data, validation_steps=self.validation_steps,
-                    validation_batch_size=self.validation_batch_size or validation_size,
-                    validation_freq=self.validation_freq, initial_epoch=0,
+                    validation_data=validation_data, validation_steps=self.options.validation_steps,
+                    validation_batch_size=self.options.validation_batch_size or validation_size,
+                    validation_freq=self.options.validation_freq, initial_epoch=0,
                     steps_per_epoch=self.source.steps_per_epoch if self.source is not None else None,
                 )
         finally:
