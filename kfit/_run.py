@@ -45,7 +45,9 @@ class RunLoop:
         """``callback``'s ``on_train_end`` ran."""
 
     def epoch_begins(self, run: Run) -> None:
-        """An epoch begins (told by the first kfit callback whose ``on_epoch_begin`` runs)."""
+        """An epoch begins (told by every kfit callback whose ``on_epoch_begin`` runs). kfit.fit's History keeps
+        its restored epochs: nothing to put back."""
+        run.restored_history_epochs = None
 
     def prepare_restore(self, run: Run, restore: Any) -> int | None:
         """Adjusts a planned restore (``kfit.checkpoint._state.Restore``) before it is applied; returns the epoch the

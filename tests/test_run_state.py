@@ -110,6 +110,37 @@ def test_a_second_run_with_the_same_callbacks_starts_fresh(loop):
     assert kfit.get_clock(model).samples == 128  # the second run's samples only
 
 
+class _FailsAtTrainEnd(kfit.callbacks.KfitCallback):
+    default_name = "fails"
+
+    def on_train_end(self, logs=None):
+        raise RuntimeError("on_train_end failed")
+
+
+@pytest.mark.parametrize("ending", ["normal", "error_at_train_end"])
+def test_the_epoch_a_restore_starts_model_fit_at_is_not_left_for_the_next_fit(tmp_path, ending):
+    """A restore under plain model.fit tells Keras the epoch to start from; the next model.fit on the same model
+    starts at its own initial_epoch, also when the restored run ended with an error (Keras then skips the other
+    callbacks' on_train_end)."""
+    model = _model()
+    x, y = _data()
+    path = tmp_path / "run.ckpt"
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[SampleClock(8, 64), Checkpoint(path)])
+    callbacks = [SampleClock(8, 64), Checkpoint(path)]
+    if ending == "error_at_train_end":
+        callbacks.insert(0, _FailsAtTrainEnd())
+    with pytest.warns(UserWarning, match="training goes on from the start of epoch 2"):
+        if ending == "normal":
+            resumed = model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=callbacks)
+            assert resumed.epoch == [0, 1, 2]  # the restored history's epochs, and the one trained
+        else:
+            with pytest.raises(RuntimeError, match="on_train_end failed"):
+                model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=callbacks)
+    assert callbacks[-1].restored_from is not None and callbacks[-1].restored_from.epoch == 2
+    assert model.fit(x, y, batch_size=8, epochs=2, verbose=0).epoch == [0, 1]
+    assert kfit.fit(model, x, y, minibatch_size=8, epochs=2, seed=0, verbose=0).epoch == [0, 1]
+
+
 # -- one validation for both ways kfit.fit trains --------------------------------------------------
 BAD_ARGUMENTS = [
     ({"minibatch_size": 0}, r"`minibatch_size`: expected a positive integer. Received: minibatch_size=0"),

@@ -63,16 +63,20 @@ class ModelFitLoop(RunLoop):
             if run.history is not None and not run.history.epoch:
                 run.history.epoch = list(run.restored_history_epochs)
             run.restored_history_epochs = None
+        self._forget_initial_epoch(run)  # model.fit has read it (right after on_train_begin)
 
     def member_ended(self, run: _run.Run, callback: Any) -> None:
+        self._forget_initial_epoch(run)  # (also when a restored finished run trained no epoch)
         self._ended.add(id(callback))
-        if not all(id(c) in self._ended for c in run.members()):
-            return
-        if run.initial_epoch_set:  # as a restore set it for this model.fit; not for the next
+        if not run.manual and all(id(c) in self._ended for c in run.members()):
+            _run.end(run)
+
+    @staticmethod
+    def _forget_initial_epoch(run: _run.Run) -> None:
+        """The epoch a restore told ``model.fit`` to start from is for this call only, not the next."""
+        if run.initial_epoch_set:
             _backend.set_initial_epoch(run.model, None)
             run.initial_epoch_set = False
-        if not run.manual:
-            _run.end(run)
 
     def prepare_restore(self, run: _run.Run, restore: Any) -> int | None:
         """``model.fit`` restarts an epoch from its first step: the restored clock is put at the epoch's start;
