@@ -82,6 +82,41 @@ def test_custom_train_step_receives_x_y_and_its_logs_are_the_history(loop):
     np.testing.assert_allclose(history.history["doubled_loss"], 2 * np.array(history.history["loss"]), rtol=1e-5)
 
 
+def test_guide_train_step_on_tf_data_with_a_checkpoint_trains_as_model_fit(tmp_path):
+    """The Keras guide's ``x, y = data`` step on a ``tf.data`` pipeline: ``kfit.fit(..., seed=0)`` with a Checkpoint
+    (kfit-only features) gives the weights and the history of ``model.fit``, and leaves nothing of kfit on the model;
+    a minibatch-size schedule on that pipeline is refused, saying what works instead."""
+    tf = pytest.importorskip("tensorflow")
+    x, y = regression_data(40)
+
+    def pipeline():
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+
+    def train(loop):
+        keras.utils.set_random_seed(3)
+        model = GuideModel()
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        if loop == "model.fit":
+            return model, model.fit(pipeline(), epochs=3, verbose=0)
+        checkpoint = kfit.callbacks.Checkpoint(tmp_path / "run.ckpt")
+        return model, kfit.fit(model, pipeline(), epochs=3, seed=0, verbose=0, callbacks=[checkpoint])
+
+    plain, plain_history = train("model.fit")
+    routed, routed_history = train("kfit.fit")
+    assert set(routed.received) == set(plain.received), (plain.received, routed.received)
+    assert_same_weights(plain, routed)
+    assert routed_history.history == plain_history.history and routed_history.epoch == [0, 1, 2]
+    assert kfit.checkpoint.read_checkpoint_info(tmp_path / "run.ckpt").samples == 120
+    assert [name for name in vars(routed) if "kfit" in name] == []
+    # (but model.history, which Keras's fit sets to the run's History, as model.fit does)
+    assert [name for name, value in vars(routed).items() if type(value).__module__.startswith("kfit")] == ["history"]
+    assert isinstance(routed.history, keras.callbacks.History) and routed.history is routed_history
+    with pytest.raises(ValueError, match="A minibatch-size schedule needs data that kfit cuts into minibatches.*"
+                                         "Give the data as arrays"):
+        kfit.fit(routed, pipeline(), minibatch_size=kfit.schedules.minibatch_size([8, 16], epoch_size=40),
+                 epochs=1, verbose=0)
+
+
 class XOnlyNoCall(keras.Model):
     """A VAE-like model: a custom ``train_step`` on ``x`` alone, and no ``call()``."""
 
