@@ -86,7 +86,7 @@ def test_guide_train_step_on_tf_data_with_a_checkpoint_trains_as_model_fit(tmp_p
     """The Keras guide's ``x, y = data`` step on a ``tf.data`` pipeline: ``kfit.fit(..., seed=0)`` with a Checkpoint
     (kfit-only features) gives the weights and the history of ``model.fit``, and leaves nothing of kfit on the model;
     a minibatch-size schedule on that pipeline is refused, saying what works instead."""
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf  # (kfit[all], which the tests install, includes TensorFlow on every backend)
     x, y = regression_data(40)
 
     def pipeline():

@@ -228,7 +228,7 @@ class Checkpoint(KfitCallback):
         self._training = False
         self._preempted: int | None = None
         self._preempt_at_epoch_end = False
-        self._interrupted = False
+        self._lost_ctrl_c = False
         self._buffers: dict = {}
         self._pending = False
         self._steps_unsaved = 0
@@ -253,7 +253,7 @@ class Checkpoint(KfitCallback):
         self.failed_writes = 0
         self._preempted = None
         self._preempt_at_epoch_end = False
-        self._interrupted = False
+        self._lost_ctrl_c = False
         if self.interval is not None:
             self.clock  # noqa: B018  (a step frequency needs the clock: raises a clear error without one)
         _state.stateful_callbacks(self.training_run.callbacks)  # two callbacks with one state key: refuse now
@@ -291,13 +291,13 @@ class Checkpoint(KfitCallback):
             ) from error
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        if self._interrupted:
+        if self._lost_ctrl_c:
             self._raise_swallowed_interrupt()
         if self.training_run.clock is not None:  # plain model.fit without a SampleClock: epochs only
             super().on_train_batch_begin(batch, logs)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self._interrupted:
+        if self._lost_ctrl_c:
             self._raise_swallowed_interrupt()
         self._steps_unsaved += 1
         if self.training_run.clock is not None:
@@ -405,13 +405,13 @@ class Checkpoint(KfitCallback):
             # checks for signals may clear it (seen here in NumPy's conversion of a JAX array in Keras's batch
             # logs): training would then go on as if Ctrl-C had never come. If it does, the next callback hook
             # raises it again, before anything is saved.
-            self._interrupted = True
+            self._lost_ctrl_c = True
         return False
 
     def _raise_swallowed_interrupt(self) -> None:
         """Raises the Ctrl-C the signal handler passed on, if it was lost (per step, callers check the flag first)."""
-        if self._interrupted:
-            self._interrupted = False
+        if self._lost_ctrl_c:
+            self._lost_ctrl_c = False
             raise KeyboardInterrupt("Ctrl-C during training (raised again at the next step boundary: the first "
                                     "KeyboardInterrupt was lost inside compiled code)")
 

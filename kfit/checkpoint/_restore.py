@@ -44,7 +44,7 @@ class Resumed:
     finished: bool
 
 
-def restore_run(run: Run, params: dict | None = None) -> None:
+def restore_run(run: Run) -> None:
     """The restore step of ``run``'s loop: every checkpointing callback of the run with ``restore=True`` resumes
     from its path's newest intact checkpoint (if there is one), and holds what it restored in ``restored_from`` and
     ``finished_before``. A restore that fails ends that callback's hold on its path and raises."""
@@ -53,7 +53,7 @@ def restore_run(run: Run, params: dict | None = None) -> None:
             continue
         try:
             resumed = resume(run, callback.path, resume_finished=callback.resume_finished,
-                             params=getattr(callback, "params", None) or params)
+                             params=callback.params)
         except BaseException:
             callback.release()
             raise
@@ -98,7 +98,7 @@ def resume(run: Run, path: str, resume_finished: bool = False, params: dict | No
     if damaged:
         warnings.warn(" ".join(damaged) + f" Falling back to the previous intact checkpoint: resumed from "
                       f"{file!r} (sample {info.samples}).", stacklevel=3)
-    restored_epoch = _backend.initial_epoch(run.model) if start_epoch is not None else info.epoch
+    restored_epoch = start_epoch if start_epoch is not None else info.epoch
     finished = _run_status.resume_or_finish(run, info, restored_epoch, resume_finished, params)
     if finished:
         start_epoch = loop.finished_epoch(run, params, restored_epoch)
