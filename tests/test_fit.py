@@ -441,6 +441,33 @@ def test_a_minibatch_size_schedule_compiles_the_coming_sizes_ahead_and_trains_as
         assert ahead._requested == set() and ahead.compiled == set()
 
 
+class CountingSequential(keras.Sequential):
+    """Counts how often its ``train_step`` runs in Python: once per trace on TensorFlow and JAX, once per step
+    on PyTorch (not compiled)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.python_runs = 0
+
+    def train_step(self, *args, **kwargs):
+        self.python_runs += 1
+        return super().train_step(*args, **kwargs)
+
+
+def test_a_minibatch_size_schedule_traces_the_train_step_once_on_tensorflow_and_once_per_shape_on_jax():
+    x, y = regression_data(100)
+    model = CountingSequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+    compiled(model)
+    schedule = kfit.schedules.minibatch_size([8, 16, 32], epoch_size=100)
+    history = kfit.fit(model, x, y, minibatch_size=schedule, epoch_size=100, epochs=3, seed=1, verbose=0)
+    # Epoch 1 trains twelve 8s and a 4, epoch 2 six 16s and a 4, epoch 3 three 32s and a 4: 24 steps, 4 shapes.
+    assert [s.samples for s in history.epoch_summaries] == [100, 100, 100]
+    # TensorFlow: kfit's tf.data pipeline leaves the batch dimension unknown, so one trace serves every size
+    # (no new size waits for a trace). JAX: one trace per shape, each compiled ahead or on its first step.
+    expected = {"tensorflow": 1, "jax": 4, "torch": 24}[BACKEND]
+    assert model.python_runs == expected
+
+
 def test_a_model_compiled_again_trains_with_its_new_metrics_after_sizes_were_compiled_ahead():
     """A jitted step kept alive keeps its traces in JAX's caches, where the step of the model compiled again
     (the same ``train_step``) would find the old metrics: the helper lets go of it when training ends."""

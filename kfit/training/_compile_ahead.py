@@ -6,9 +6,11 @@ kfit's plan is a function of the clock, so the sizes of the next epoch are known
 :class:`CompileAhead` lowers and compiles Keras's own jitted step for them (``jit(train_step).lower(...).compile()``)
 while the current sizes train. When training reaches a new size its step is already compiled.
 
-On TensorFlow and PyTorch nothing is compiled ahead: TensorFlow traces a new shape on its first step, and
-PyTorch's step is not compiled (``jit_compile=True`` there compiles lazily, per shape). Neither is anything
-compiled ahead under data-parallel training, with ``steps_per_execution`` > 1, or with ``KFIT_COMPILE_AHEAD=0``.
+On TensorFlow and PyTorch nothing is compiled ahead. TensorFlow needs no more than one trace: kfit's ``tf.data``
+pipeline leaves the batch dimension unknown, so the step traced for the first minibatch serves every size (with
+``jit_compile=True``, XLA still compiles each new shape on its first step). PyTorch's step is not compiled
+(``jit_compile=True`` there compiles lazily, per shape). Nothing is compiled ahead under data-parallel training,
+with ``steps_per_execution`` > 1, or with ``KFIT_COMPILE_AHEAD=0``.
 
 Example:
     >>> from kfit.training._compile_ahead import CompileAhead
