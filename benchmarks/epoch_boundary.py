@@ -1,0 +1,117 @@
+"""What an epoch boundary costs under ``kfit.fit`` against plain ``model.fit``, side by side in one process.
+
+Per-epoch costs (a data iterator started, an epoch's plan read, callbacks' epoch hooks) weigh most where epochs
+are short, and disappear in the noise of whole-epoch wall times on a shared machine. This script times the
+parts of an epoch around its steps directly, from callback hooks that keep Keras's asynchronous batch-end
+dispatch (begin hooks only): for each epoch but a call's first,
+
+* ``before``: from the epoch's begin to its first step's begin (the adapter's epoch start, the iterator);
+* ``first``: the first step, from its begin to the second's (it waits for the epoch's first minibatch);
+* ``step``: the median of the other steps, begin to begin;
+* ``after``: from the last step's begin to the epoch's end, less one median step (the epoch's end).
+
+Two sides alternate, one ``fit`` call of ``--epochs`` epochs each per round: ``model.fit`` and
+``kfit.fit(seed=0)``, on the small MLP of ``benchmarks/overhead.py`` at minibatch 256. Printed: the medians
+over all timed epochs, in milliseconds, and the boundary's extra time (``before + first + after - step``)
+per side.
+
+Run:  python benchmarks/epoch_boundary.py  [--rounds 4] [--epochs 6] [--samples 65536] [--backends tensorflow]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import BACKENDS, run_per_backend, setup_threads  # noqa: E402
+
+BATCH = 256
+
+
+def measure(backend: str, rounds: int, epochs: int, samples: int) -> None:
+    import keras
+    import numpy as np
+
+    import kfit
+
+    setup_threads()
+    print(f"keras {keras.__version__}, backend {keras.backend.backend()}, kfit from {os.path.dirname(kfit.__file__)}",
+          flush=True)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(samples, 32)).astype("float32")
+    y = (x[:, :10].argmax(axis=1)).astype("int64")
+
+    def make_model() -> keras.Model:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
+                                  keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
+        model.compile(optimizer=kfit.optimizers.MomentumSGD(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    class Timer(keras.callbacks.Callback):
+        """Notes when each epoch and each step begins, and when each epoch ends."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.epochs: list[tuple[float, list[float], list[float]]] = []
+
+        def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+            self.epochs.append((time.perf_counter(), [], []))
+
+        def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+            self.epochs[-1][1].append(time.perf_counter())
+
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            self.epochs[-1][2].append(time.perf_counter())
+
+    sides = {
+        "model.fit": lambda m, cb: m.fit(x, y, batch_size=BATCH, epochs=epochs, verbose=0, callbacks=[cb]),
+        "kfit.fit(seed=0)": lambda m, cb: kfit.fit(m, x, y, minibatch_size=BATCH, epochs=epochs, seed=0, verbose=0,
+                                                  callbacks=[cb]),
+    }
+    models = {name: make_model() for name in sides}
+    for name, run in sides.items():  # compile and warm up
+        run(models[name], Timer())
+    parts: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in sides}
+    for round_ in range(rounds):
+        for name in list(sides)[round_ % 2:] + list(sides)[:round_ % 2]:
+            timer = Timer()
+            sides[name](models[name], timer)
+            for begin, steps, (end,) in timer.epochs[1:]:
+                step = statistics.median(b - a for a, b in zip(steps[1:], steps[2:]))
+                parts[name].append((steps[0] - begin, steps[1] - steps[0], step, end - steps[-1] - step))
+    print(f"\nepoch boundaries, minibatch {BATCH}, {samples} samples per epoch; medians over "
+          f"{rounds * (epochs - 1)} epochs per side, ms")
+    print(f"{'side':<20}{'before':>9}{'first':>9}{'step':>9}{'after':>9}{'boundary extra':>16}")
+    extras = {}
+    for name, rows in parts.items():
+        before, first, step, after = (statistics.median(r[i] for r in rows) * 1e3 for i in range(4))
+        extras[name] = before + first + after - step
+        print(f"{name:<20}{before:>9.1f}{first:>9.1f}{step:>9.2f}{after:>9.1f}{extras[name]:>16.1f}")
+    reference, kfit_side = extras["model.fit"], extras["kfit.fit(seed=0)"]
+    print(f"BOUNDARY {backend} model.fit={reference:.1f}ms kfit.fit={kfit_side:.1f}ms "
+          f"difference={kfit_side - reference:+.1f}ms", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", help=argparse.SUPPRESS)
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--samples", type=int, default=65536)
+    args = parser.parse_args()
+    if args.backend:
+        measure(args.backend, args.rounds, args.epochs, args.samples)
+        return 0
+    return run_per_backend(__file__, ["--rounds", str(args.rounds), "--epochs", str(args.epochs),
+                                      "--samples", str(args.samples)], args.backends.split(","))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
