@@ -39,3 +39,30 @@ def setup_threads() -> None:
         import torch
 
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+
+
+def small_mlp_task(samples: int) -> tuple:
+    """The small MLP task of ``overhead.py`` and ``epoch_boundary.py``: ``(x, y, make_model)``, ``samples`` rows of 32
+    features and 10 classes, and a function that builds the 32 -> 64 -> 64 -> 10 MLP (compiled with kfit's
+    ``MomentumSGD``) from the same initial weights at every call. Prints the versions first."""
+    import keras
+    import numpy as np
+
+    import kfit
+
+    setup_threads()
+    print(f"keras {keras.__version__}, backend {keras.backend.backend()}, kfit from {os.path.dirname(kfit.__file__)}",
+          flush=True)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(samples, 32)).astype("float32")
+    y = (x[:, :10].argmax(axis=1)).astype("int64")
+
+    def make_model() -> keras.Model:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
+                                  keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
+        model.compile(optimizer=kfit.optimizers.MomentumSGD(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    return x, y, make_model

@@ -27,31 +27,17 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import BACKENDS, run_per_backend, setup_threads  # noqa: E402
+from _common import BACKENDS, run_per_backend, small_mlp_task  # noqa: E402
 
 BATCH = 256
 
 
 def measure(backend: str, rounds: int, epochs: int, samples: int) -> None:
     import keras
-    import numpy as np
 
     import kfit
 
-    setup_threads()
-    print(f"keras {keras.__version__}, backend {keras.backend.backend()}, kfit from {os.path.dirname(kfit.__file__)}",
-          flush=True)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(samples, 32)).astype("float32")
-    y = (x[:, :10].argmax(axis=1)).astype("int64")
-
-    def make_model() -> keras.Model:
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
-                                  keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
-        model.compile(optimizer=kfit.optimizers.MomentumSGD(0.01),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return model
+    x, y, make_model = small_mlp_task(samples)
 
     class Timer(keras.callbacks.Callback):
         """Notes when each epoch and each step begins, and when each epoch ends."""
