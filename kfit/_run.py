@@ -47,7 +47,6 @@ class RunLoop:
     def epoch_begins(self, run: Run) -> None:
         """An epoch begins (told by every kfit callback whose ``on_epoch_begin`` runs). kfit.fit's History keeps
         its restored epochs: nothing to put back."""
-        run.restored_history_epochs = None
 
     def prepare_restore(self, run: Run, restore: Any) -> int | None:
         """Adjusts a planned restore (``kfit.checkpoint._state.Restore``) before it is applied; returns the epoch the
@@ -96,8 +95,9 @@ class Run:
         driver: sets ``clock.minibatch_size`` before each step and counts the step after (:class:`StepDriver`).
         resumed_mid_epoch: set by a restore: the epoch's training-metric state was restored and continues.
         initial_epoch_set: a restore told ``model.fit`` the epoch to start from (undone when the run ends).
-        restored_history_epochs: the epochs of a restored history, for a ``History`` that forgets them when
-            training begins (Keras's own, under plain ``model.fit``; put back when the first epoch begins).
+        restored_history_epochs: under plain ``model.fit``, the epochs of a restored history, for Keras's
+            ``History``, which forgets them when training begins (set by ``ModelFitLoop.prepare_restore``, put
+            back when the first epoch begins).
         manual: a clock attached by hand (:func:`kfit.clock.attach_clock`): callbacks driven outside any loop.
         compile_ahead: under :func:`kfit.fit` on JAX, what compiles the train step for the coming minibatch sizes
             (``kfit.training._compile_ahead``).

@@ -80,7 +80,9 @@ class ModelFitLoop(RunLoop):
 
     def prepare_restore(self, run: _run.Run, restore: Any) -> int | None:
         """``model.fit`` restarts an epoch from its first step: the restored clock is put at the epoch's start;
-        returns that epoch."""
+        returns that epoch. Keeps the restored history's epochs for Keras's ``History`` (:meth:`epoch_begins`)."""
+        if restore.history is not None:
+            run.restored_history_epochs = list(restore.history["epoch"])
         state = restore.clock_state
         epoch = None
         if state is not None and state.get("epoch_size"):

@@ -88,8 +88,6 @@ def resume(run: Run, path: str, resume_finished: bool = False, params: dict | No
     start_epoch = loop.prepare_restore(run, plan)
     if start_epoch is not None:
         start_at_epoch(run, start_epoch)
-    if plan.history is not None:  # for a History that forgets its epochs when training begins (Keras's)
-        run.restored_history_epochs = list(plan.history["epoch"])
     _state.apply_restore(run, plan, meta, arrays)
     clock = run.clock
     if clock is not None and clock.samples_in_epoch != 0:  # (model.fit's loop moved the clock to the epoch start)
