@@ -306,6 +306,42 @@ def set_epoch_batches(num_batches: int | None) -> None:
         owner._num_batches = num_batches
 
 
+def one_iterator_epoch_loop() -> Any:
+    """The ``TFEpochIterator`` of the running ``model.fit`` when one ``tf.data`` iterator can serve all its epochs
+    (TensorFlow, one step per execution: a call of more steps would read across an epoch's end; no
+    ``steps_per_epoch``), else None. Called from the adapter's ``on_epoch_begin``. ``TFEpochIterator`` and its
+    ``_distributed_dataset``, ``_distribute_strategy``, ``steps_per_execution`` are Keras internals, checked
+    against Keras 3.10-3.15."""
+    if BACKEND != "tensorflow":
+        return None
+    owner = _running_epoch_iterator()
+    if (owner is None or not hasattr(owner, "_distributed_dataset") or not hasattr(owner, "_distribute_strategy")
+            or owner.steps_per_epoch is not None or owner.steps_per_execution != 1):
+        return None
+    return owner
+
+
+def iterate_once(owner: Any, dataset: Any) -> None:
+    """Makes the ``TFEpochIterator`` ``owner`` read ``dataset`` through one iterator, made at its next ``iter()``
+    and handed back at every later one (Keras's loop makes one at every epoch begin and end): the epochs follow
+    one another in ``dataset``. Checked against Keras 3.10-3.15 (``_get_iterator`` returns
+    ``_distributed_dataset``; ``_enumerate_iterator`` calls ``iter()`` on it)."""
+    owner._distributed_dataset = _OneIterator(owner._distribute_strategy.experimental_distribute_dataset(dataset))
+
+
+class _OneIterator:
+    """Hands Keras's epoch loop the same iterator at every ``iter()`` (made at the first)."""
+
+    def __init__(self, dataset: Any):
+        self._dataset = dataset
+        self._iterator: Any = None
+
+    def __iter__(self) -> Any:
+        if self._iterator is None:
+            self._iterator = iter(self._dataset)
+        return self._iterator
+
+
 def _running_epoch_iterator() -> Any:
     """The ``EpochIterator`` whose method called the adapter hook calling our caller, if any."""
     from keras.src.trainers.epoch_iterator import EpochIterator

@@ -468,6 +468,46 @@ def test_a_minibatch_size_schedule_traces_the_train_step_once_on_tensorflow_and_
     assert model.python_runs == expected
 
 
+def test_one_tf_data_iterator_serves_every_epoch_until_a_callback_changes_the_plan(monkeypatch):
+    """On TensorFlow, kfit's pipeline over data in memory reads each next epoch's plan ahead, so one ``tf.data``
+    iterator serves the epochs of a ``fit`` call (Keras makes a new one at every epoch begin, whose first minibatch
+    the epoch's first step waits for). A callback that changes what the schedule reads, at an epoch begin, makes
+    the plan read ahead wrong: a new iterator starts there, and the steps train the new sizes."""
+    import tensorflow as tf
+
+    made = []
+    dataset_iter = tf.data.Dataset.__iter__
+    monkeypatch.setattr(tf.data.Dataset, "__iter__", lambda self: made.append(1) or dataset_iter(self))
+    x, y = regression_data(40)
+    box = {"size": 8}
+
+    class Resize(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 2:
+                box["size"] = 16
+
+    class StepSizes(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.epochs = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epochs.append([0.0])
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.epochs[-1].append(float(logs["batch_samples"]))
+
+    runs = {}
+    for name, size, callbacks in (("fixed", 8, []), ("changed", lambda samples: box["size"], [Resize()])):
+        made.clear()
+        sizes = StepSizes()
+        model = compiled(mlp(), metrics=[BatchSamples()])
+        kfit.fit(model, x, y, minibatch_size=size, epochs=4, seed=2, verbose=0, callbacks=[*callbacks, sizes])
+        runs[name] = (len(made), [np.diff(totals).astype(int).tolist() for totals in sizes.epochs])
+    assert runs["fixed"] == ({"tensorflow": 1}.get(BACKEND, 0), [[8] * 5] * 4)
+    assert runs["changed"] == ({"tensorflow": 2}.get(BACKEND, 0), [[8] * 5] * 2 + [[16, 16, 8]] * 2)
+
+
 def test_a_model_compiled_again_trains_with_its_new_metrics_after_sizes_were_compiled_ahead():
     """A jitted step kept alive keeps its traces in JAX's caches, where the step of the model compiled again
     (the same ``train_step``) would find the old metrics: the helper lets go of it when training ends."""

@@ -21,6 +21,7 @@ import keras
 import numpy as np
 
 from kfit import _backend
+from kfit.data import _tf_epochs
 from kfit.data._prefetch import Prefetcher
 
 #: The most minibatches walked to find the longest epoch of a minibatch-size schedule.
@@ -49,12 +50,20 @@ class StreamAdapter(_backend.DataAdapter):
         rows: for data in memory, ``(data, rows)``: the whole ``(x, y, sample_weight)`` and ``rows(start, size)``,
             the indices ``read(start, size)`` gathers. On TensorFlow the batches are then gathered by
             ``tf.data`` itself, as Keras's own array adapter does, instead of passing through Python.
+        ahead: ``(reading, plan_at)``: the clock's reading ``(samples, minibatches)`` and the pure
+            ``plan_at(samples, minibatches)`` that ``epoch_plan`` uses. With ``rows``, on TensorFlow, one
+            ``tf.data`` iterator then serves the whole ``fit`` call, reading each epoch's plan ahead
+            (``kfit.data._tf_epochs``).
     """
 
     def __init__(self, read: Callable[[int, int], tuple], epoch_plan: Callable[[], list],
                  declared_batches: int | None, batch_size: int | None, prefetch: int = 2,
-                 rows: tuple[tuple, Callable[[int, int], np.ndarray]] | None = None):
+                 rows: tuple[tuple, Callable[[int, int], np.ndarray]] | None = None,
+                 ahead: tuple[Callable[[], tuple[int, int]], _tf_epochs.PlanAt] | None = None):
         self._rows = rows
+        self._ahead = ahead
+        self._chain: tuple[Any, _tf_epochs.EpochChain] | None = None  # (Keras's epoch iterator, its chain)
+        self._tensors: Any = None
         self._read = read
         self._epoch_plan = epoch_plan
         self._declared = declared_batches
@@ -85,9 +94,28 @@ class StreamAdapter(_backend.DataAdapter):
         self.close()
         self._plan = self._epoch_plan()
         _backend.declare_epoch_steps(len(self._plan))
+        if self._ahead is not None and self._rows is not None and _backend.BACKEND == "tensorflow":
+            self._continue_tf_epochs()
+
+    def _continue_tf_epochs(self) -> None:
+        """Lets the ``tf.data`` iterator of the last epoch go on into this one if it read this epoch's plan ahead;
+        else starts one that does, from here (TensorFlow, data in memory)."""
+        owner = _backend.one_iterator_epoch_loop()
+        if owner is None:
+            return
+        reading, plan_at = self._ahead
+        now = reading()
+        if self._chain is not None and self._chain[0] is owner and self._chain[1].continues(now, self._plan):
+            return
+        chain = _tf_epochs.EpochChain(plan_at)
+        chain.start(now, self._plan)
+        self._chain = (owner, chain)
+        _backend.iterate_once(owner, _tf_epochs.gathered_dataset(self._data_tensors(), self._rows[1], chain.produce))
 
     def on_epoch_end(self) -> None:
         self.close()
+        if self._chain is not None and not _backend.epoch_iterator_opened_next_pass():
+            self._chain = None  # the epoch did not run to its end: its iterator is not where the next one begins
 
     @property
     def plan(self) -> list[tuple[int, int]]:
@@ -133,27 +161,19 @@ class StreamAdapter(_backend.DataAdapter):
                                               output_signature=self._signature)
 
     def _tf_gathered_dataset(self) -> Any:
-        """Each epoch's minibatches gathered by ``tf.data`` from the data in memory: the plan's row indices are read
-        once per epoch (one Python call), the rows of every minibatch by ``tf.gather``."""
-        import tensorflow as tf
+        """One epoch's minibatches gathered by ``tf.data`` from the data in memory: the plan's row indices are read
+        once (one Python call, when the iterator starts), the rows of every minibatch by ``tf.gather``."""
+        return _tf_epochs.gathered_dataset(self._data_tensors(), self._rows[1],
+                                           lambda index: self.plan if index == 0 else [])
 
-        data, rows = self._rows
-        tensors = tf.nest.map_structure(tf.convert_to_tensor, keras.tree.lists_to_tuples(pack_batch(*data)))
+    def _data_tensors(self) -> Any:
+        """The training data in memory as tensors, converted once."""
+        if self._tensors is None:
+            import tensorflow as tf
 
-        def epoch_rows() -> tuple[np.ndarray, np.ndarray]:
-            parts = [rows(start, size) for start, size in self.plan]
-            flat = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-            return flat, np.array([len(p) for p in parts], np.int64)
-
-        def epoch(_: Any) -> Any:
-            flat, sizes = tf.numpy_function(epoch_rows, [], (tf.int64, tf.int64), stateful=True)
-            flat.set_shape([None])
-            sizes.set_shape([None])
-            starts = tf.cumsum(sizes, exclusive=True)
-            return tf.data.Dataset.from_tensor_slices((starts, sizes)).map(
-                lambda start, size: tf.nest.map_structure(lambda t: tf.gather(t, flat[start:start + size]), tensors))
-
-        return tf.data.Dataset.range(1).flat_map(epoch).prefetch(tf.data.AUTOTUNE)
+            self._tensors = tf.nest.map_structure(tf.convert_to_tensor,
+                                                  keras.tree.lists_to_tuples(pack_batch(*self._rows[0])))
+        return self._tensors
 
     def close(self) -> None:
         """Stops the readers of abandoned epochs."""

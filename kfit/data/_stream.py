@@ -172,10 +172,11 @@ class SampleStream:
         """The sample order of ``sweep`` (a permutation when shuffling)."""
         if not self.shuffle:
             return np.arange(self.num_samples)
-        if self._order_cache is None or self._order_cache[0] != sweep:
-            rng = np.random.default_rng([self.seed, sweep])
-            self._order_cache = (sweep, rng.permutation(self.num_samples))
-        return self._order_cache[1]
+        cache = self._order_cache  # read once: tf.data's thread reads ahead (kfit.data._tf_epochs)
+        if cache is None or cache[0] != sweep:
+            cache = (sweep, np.random.default_rng([self.seed, sweep]).permutation(self.num_samples))
+            self._order_cache = cache
+        return cache[1]
 
     def indices(self, start: int, stop: int) -> np.ndarray:
         """Sample indices at stream positions ``[start, stop)``."""

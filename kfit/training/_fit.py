@@ -539,12 +539,18 @@ class _StreamFit:
             sample_weight = _class_weights(y, self.class_weight)
         return (x, y, sample_weight), stream.rows
 
+    def plan_at(self, samples: int, minibatches: int) -> list:
+        """The ``(start, size)`` minibatches of the epoch beginning at the clock reading ``(samples, minibatches)``.
+        Reads nothing else, changes nothing: ``tf.data`` reads the next epoch's plan with it, ahead."""
+        end = min((samples // self.epoch_size + 1) * self.epoch_size, self.stop_at)
+        return list(_plan.plan(samples, minibatches, self.size_at, self.epoch_size, end))
+
     def epoch_plan(self) -> list:
         """The ``(start, size)`` minibatches of the epoch beginning at the clock's reading."""
         clock = self.clock
         self.run.flush()
+        plan = self.plan_at(clock.samples, clock.minibatches)
         end = min(clock.epoch_end(), self.stop_at)
-        plan = list(_plan.plan(clock.samples, clock.minibatches, self.size_at, self.epoch_size, end))
         if self.progbar is not None:
             self.progbar.plan_epoch([size for _, size in plan])
         ahead = self.run.compile_ahead
@@ -580,6 +586,7 @@ class _StreamFit:
                              self.stop_at, _plan.plan),
             batch_size=None if self.fixed_size is None else max(self.fixed_size // workers, 1),
             prefetch=self.prefetch, rows=self._rows_in_memory(),
+            ahead=(lambda: (clock.samples, clock.minibatches), self.plan_at),
         )
         if clock.samples < self.stop_at:
             first_size = _plan.next_minibatch(clock.samples, clock.minibatches, self.size_at, self.epoch_size,

@@ -1,0 +1,117 @@
+"""kfit's minibatches of data in memory as one ``tf.data`` pipeline for a whole ``fit`` call (TensorFlow).
+
+Keras's TensorFlow loop makes a new iterator over its dataset at every epoch begin (and one at every epoch
+end, never read). Each new iterator of kfit's pipeline starts its epoch from nothing: the epoch's row indices
+are read in Python, the inner dataset is made, and the epoch's first step waits for all of it (about 20 ms
+more than ``model.fit``'s first step: ``benchmarks/epoch_boundary.py``).
+
+The plan is a function of the clock (``kfit.training._plan``), so the next epoch's plan is known before it
+begins. :class:`EpochChain` lets one iterator run on from epoch to epoch: the pipeline reads each next
+epoch's plan ahead, from the clock reading at which the epoch before it ends, while that epoch trains; when
+the epoch begins, the adapter checks that the plan read ahead is the one the clock now gives (a callback may
+have changed the minibatch-size schedule, a restore may have moved the clock). If it is, the running iterator
+goes on, its first minibatch already prefetched; if not, a new chain starts at the clock, as without
+reading ahead. The minibatches are the same either way.
+
+Example:
+    >>> chain = EpochChain(lambda samples, minibatches: [(samples, 2)] if samples < 4 else [])
+    >>> chain.start((0, 0), [(0, 2)])
+    >>> chain.produce(0), chain.produce(1), chain.produce(2)
+    ([(0, 2)], [(2, 2)], [])
+    >>> chain.continues((2, 1), [(2, 2)])
+    True
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+PlanAt = Callable[[int, int], list]
+
+#: How long an epoch begin waits for the pipeline to have read the epoch's plan ahead before it starts anew.
+WAIT_SECONDS = 10.0
+
+
+class EpochChain:
+    """The epochs one ``tf.data`` iterator produces: the first from the clock when the iterator starts, each
+    next one read ahead by the pipeline's thread from where the one before ends.
+
+    Args:
+        plan_at: ``plan_at(samples, minibatches)``, the ``(start, size)`` plan of the epoch beginning at that clock
+            reading; pure (called on ``tf.data``'s thread).
+    """
+
+    def __init__(self, plan_at: PlanAt):
+        self._plan_at = plan_at
+        self._changed = threading.Condition()
+        self._produced: list[tuple[tuple[int, int], list]] = []
+        self._next: tuple[int, int] | None = None
+        self._first: list | None = None
+        self._failed = False
+        self.begun = 0
+
+    def start(self, reading: tuple[int, int], plan: list) -> None:
+        """The chain's first epoch begins at clock ``reading``, with ``plan`` (main thread)."""
+        self._next, self._first, self.begun = reading, list(plan), 1
+
+    def produce(self, index: int) -> list:
+        """The plan of the chain's epoch ``index`` (``tf.data``'s thread: epochs are produced in order)."""
+        try:
+            with self._changed:
+                reading = self._next
+            if reading is None:
+                raise RuntimeError("kfit: the tf.data pipeline was read before its first epoch began.")
+            plan = self._first if index == 0 else self._plan_at(*reading)
+            end = plan[-1][0] + plan[-1][1] if plan else reading[0]
+            with self._changed:
+                self._produced.append((reading, plan))
+                self._next = (end, reading[1] + len(plan))
+                self._changed.notify_all()
+            return plan
+        except BaseException:
+            with self._changed:
+                self._failed = True
+                self._changed.notify_all()
+            raise
+
+    def continues(self, reading: tuple[int, int], plan: list, timeout: float = WAIT_SECONDS) -> bool:
+        """Whether the epoch beginning at clock ``reading`` with ``plan`` is the chain's next (main thread). Waits
+        for the pipeline to read it ahead; False (start anew) if it read another, failed, or took too long."""
+        index = self.begun
+        with self._changed:
+            ready = self._changed.wait_for(lambda: len(self._produced) > index or self._failed, timeout)
+            if not ready or self._failed or self._produced[index] != (tuple(reading), list(plan)):
+                return False
+        self.begun += 1
+        return True
+
+
+def gathered_dataset(tensors: Any, rows: Callable[[int, int], np.ndarray], plan_of: Callable[[int], list]) -> Any:
+    """A ``tf.data`` dataset of minibatches gathered from ``tensors`` (the data in memory, as tensors): epoch after
+    epoch, the plan ``plan_of(index)`` of each (one Python call per epoch), the rows ``rows(start, size)`` of each
+    of its minibatches gathered by ``tf.gather``; it ends at the first empty plan."""
+    import tensorflow as tf
+
+    def epoch_rows(index: Any) -> tuple[np.ndarray, np.ndarray]:
+        parts = [rows(start, size) for start, size in plan_of(int(index))]
+        flat = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+        return flat, np.array([len(p) for p in parts], np.int64)
+
+    def read_epoch(index: Any) -> tuple[Any, Any]:
+        flat, sizes = tf.numpy_function(epoch_rows, [index], (tf.int64, tf.int64), stateful=True)
+        flat.set_shape([None])
+        sizes.set_shape([None])
+        return flat, sizes
+
+    def epoch(flat: Any, sizes: Any) -> Any:
+        starts = tf.cumsum(sizes, exclusive=True)
+        return tf.data.Dataset.from_tensor_slices((starts, sizes)).map(
+            lambda start, size: tf.nest.map_structure(lambda t: tf.gather(t, flat[start:start + size]), tensors))
+
+    epochs = tf.data.Dataset.range(np.iinfo(np.int64).max).map(read_epoch)
+    return epochs.take_while(lambda flat, sizes: tf.size(sizes) > 0).flat_map(epoch).prefetch(tf.data.AUTOTUNE)
+
