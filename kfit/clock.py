@@ -62,7 +62,8 @@ class Clock:
 
     def advance(self, samples: int) -> None:
         """Counts one training step of ``samples`` global samples."""
-        _checks.count("samples", samples, low=1)
+        if type(samples) is not int or samples < 1:  # checked without a call on the common path (every step)
+            samples = _checks.count("samples", samples, low=1)
         self.samples += samples
         self.minibatches += 1
 

@@ -124,13 +124,15 @@ class KfitCallback(keras.callbacks.Callback):
 
     # -- hooks -----------------------------------------------------------------------------------
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        clock, driver = self.clock, self._run.driver
+        run = self._run  # every step: no property lookups on this path
+        clock, driver = run.clock or self.clock, run.driver
         if driver is not None and driver.batch_begin(clock, batch) is False:
             return  # the epoch's data ended: Keras finds no step to run
         self.on_step_begin(clock)
 
     def _dispatch_step_end(self, batch: int, logs: dict | None = None) -> None:
-        clock, driver = self.clock, self._run.driver
+        run = self._run
+        clock, driver = run.clock or self.clock, run.driver
         if driver is not None:
             driver.batch_end(clock)
         self.on_step_end(clock, logs)

@@ -119,7 +119,7 @@ class _HyperparameterSchedule(KfitCallback):
             segment = self._segment = self._segment_at(samples, minibatches)
         schedule, scheduled = segment[4], segment[5]
         converted = self._converted
-        if converted is None or converted[0] is not schedule or converted[1:3] != (scheduled, size):
+        if converted is None or converted[0] is not schedule or converted[1] != scheduled or converted[2] != size:
             converted = self._converted = (schedule, scheduled, size, float(schedule.convert(scheduled, size)))
         value = converted[3]
         if value != self._applied:
@@ -128,7 +128,8 @@ class _HyperparameterSchedule(KfitCallback):
         if self._logged is None or not (
                 size < self._logged_size and is_cut(clock, size, self._logged_size, self.training_run.max_samples)):
             self._logged, self._logged_size = value, size
-        if (value, scheduled) != self._published:
+        published = self._published
+        if published is None or published[0] != value or published[1] != scheduled:
             # Published when either the applied or the scheduled value changes (a per-sample rate can
             # halve exactly when the minibatch doubles, leaving the applied rate unchanged).
             self._published = (value, scheduled)

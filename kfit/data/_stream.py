@@ -76,6 +76,8 @@ def _is_array_like(a: Any) -> bool:
 
 def take(source: Any, indices: np.ndarray) -> np.ndarray:
     """Rows ``indices`` of ``source``; h5py datasets are read by increasing unique index, never whole."""
+    if type(source) is np.ndarray:  # the common case first: a gather from memory, once per minibatch and leaf
+        return source[indices]
     if is_h5py_dataset(source):
         if len(indices) and np.all(np.diff(indices) == 1):
             return source[int(indices[0]) : int(indices[-1]) + 1]
@@ -167,6 +169,8 @@ class SampleStream:
         self.num_workers = num_workers
         self.position = 0
         self._order_cache: tuple[int, np.ndarray] | None = None
+        #: ``x``, ``y`` and ``sample_weight`` are each one array or None: a minibatch is the tuple of its leaves.
+        self._flat = not any(isinstance(part, (Mapping, list, tuple)) for part in self.structure)
 
     def order(self, sweep: int) -> np.ndarray:
         """The sample order of ``sweep`` (a permutation when shuffling)."""
@@ -181,6 +185,11 @@ class SampleStream:
     def indices(self, start: int, stop: int) -> np.ndarray:
         """Sample indices at stream positions ``[start, stop)``."""
         n = self.num_samples
+        sweep, offset = divmod(start, n)
+        if stop - start <= n - offset:  # within one sweep (most minibatches): a slice of its order, no copy
+            if not self.shuffle:
+                return np.arange(offset, offset + stop - start)
+            return self.order(sweep)[offset : offset + stop - start]
         parts = []
         position = start
         while position < stop:
@@ -215,6 +224,8 @@ class SampleStream:
         """
         idx = self.rows(start, size)
         leaves = [None if leaf is None else take(leaf, idx) for leaf in self.leaves]
+        if self._flat:
+            return tuple(leaves)
         return pack(self.structure, leaves)
 
     def rows(self, start: int, size: int) -> np.ndarray:
