@@ -468,17 +468,32 @@ def test_a_minibatch_size_schedule_traces_the_train_step_once_on_tensorflow_and_
     assert model.python_runs == expected
 
 
-def test_one_tf_data_iterator_serves_every_epoch_until_a_callback_changes_the_plan(monkeypatch):
-    """On TensorFlow, kfit's pipeline over data in memory reads each next epoch's plan ahead, so one ``tf.data``
-    iterator serves the epochs of a ``fit`` call (Keras makes a new one at every epoch begin, whose first minibatch
-    the epoch's first step waits for). A callback that changes what the schedule reads, at an epoch begin, makes
-    the plan read ahead wrong: a new iterator starts there, and the steps train the new sizes."""
+@pytest.mark.parametrize("source", ["memory", "h5py"])
+def test_one_reader_serves_every_epoch_until_a_callback_changes_the_plan(monkeypatch, tmp_path, source):
+    """The minibatches of a ``fit`` call come through one reader that reads each next epoch's plan ahead: on
+    TensorFlow over data in memory one ``tf.data`` iterator (Keras makes a new one at every epoch begin, whose first
+    minibatch the epoch's first step waits for), over h5py one reader thread on every backend (data in memory
+    elsewhere is read on the trainer's thread, no reader). A callback that changes what the schedule reads, at an
+    epoch begin, makes the plan read ahead wrong: a new reader starts there, and the steps train the new sizes."""
     import tensorflow as tf
+
+    import kfit.data._adapter as adapter_module
 
     made = []
     dataset_iter = tf.data.Dataset.__iter__
-    monkeypatch.setattr(tf.data.Dataset, "__iter__", lambda self: made.append(1) or dataset_iter(self))
+    monkeypatch.setattr(tf.data.Dataset, "__iter__",
+                        lambda self: (made.append(1) if source == "memory" else None) or dataset_iter(self))
+
+    class CountedPrefetcher(adapter_module.Prefetcher):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if self.active:  # a reader thread (data in memory is read on the trainer's thread)
+                made.append(1)
+
+    monkeypatch.setattr(adapter_module, "Prefetcher", CountedPrefetcher)
     x, y = regression_data(40)
+    with h5py.File(tmp_path / "train.h5", "w") as f:
+        f["x"], f["y"] = x, y
     box = {"size": 8}
 
     class Resize(keras.callbacks.Callback):
@@ -498,14 +513,17 @@ def test_one_tf_data_iterator_serves_every_epoch_until_a_callback_changes_the_pl
             self.epochs[-1].append(float(logs["batch_samples"]))
 
     runs = {}
-    for name, size, callbacks in (("fixed", 8, []), ("changed", lambda samples: box["size"], [Resize()])):
-        made.clear()
-        sizes = StepSizes()
-        model = compiled(mlp(), metrics=[BatchSamples()])
-        kfit.fit(model, x, y, minibatch_size=size, epochs=4, seed=2, verbose=0, callbacks=[*callbacks, sizes])
-        runs[name] = (len(made), [np.diff(totals).astype(int).tolist() for totals in sizes.epochs])
-    assert runs["fixed"] == ({"tensorflow": 1}.get(BACKEND, 0), [[8] * 5] * 4)
-    assert runs["changed"] == ({"tensorflow": 2}.get(BACKEND, 0), [[8] * 5] * 2 + [[16, 16, 8]] * 2)
+    with h5py.File(tmp_path / "train.h5", "r") as f:
+        xs, ys = (x, y) if source == "memory" else (f["x"], f["y"])
+        for name, size, callbacks in (("fixed", 8, []), ("changed", lambda samples: box["size"], [Resize()])):
+            made.clear()
+            sizes = StepSizes()
+            model = compiled(mlp(), metrics=[BatchSamples()])
+            kfit.fit(model, xs, ys, minibatch_size=size, epochs=4, seed=2, verbose=0, callbacks=[*callbacks, sizes])
+            runs[name] = (len(made), [np.diff(totals).astype(int).tolist() for totals in sizes.epochs])
+    readers = 1 if source == "h5py" or BACKEND == "tensorflow" else 0
+    assert runs["fixed"] == (readers, [[8] * 5] * 4)
+    assert runs["changed"] == (2 * readers, [[8] * 5] * 2 + [[16, 16, 8]] * 2)
 
 
 def test_a_model_compiled_again_trains_with_its_new_metrics_after_sizes_were_compiled_ahead():

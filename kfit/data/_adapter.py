@@ -21,7 +21,7 @@ import keras
 import numpy as np
 
 from kfit import _backend
-from kfit.data import _tf_epochs
+from kfit.data import _epochs_ahead
 from kfit.data._prefetch import Prefetcher
 
 #: The most minibatches walked to find the longest epoch of a minibatch-size schedule.
@@ -51,19 +51,21 @@ class StreamAdapter(_backend.DataAdapter):
             the indices ``read(start, size)`` gathers. On TensorFlow the batches are then gathered by
             ``tf.data`` itself, as Keras's own array adapter does, instead of passing through Python.
         ahead: ``(reading, plan_at)``: the clock's reading ``(samples, minibatches)`` and the pure
-            ``plan_at(samples, minibatches)`` that ``epoch_plan`` uses. With ``rows``, on TensorFlow, one
-            ``tf.data`` iterator then serves the whole ``fit`` call, reading each epoch's plan ahead
-            (``kfit.data._tf_epochs``).
+            ``plan_at(samples, minibatches)`` that ``epoch_plan`` uses. One reader then serves the whole
+            ``fit`` call, reading each next epoch's plan and first minibatches ahead (``kfit.data._epochs_ahead``):
+            with ``rows`` on TensorFlow one ``tf.data`` iterator, else (``prefetch`` > 0) one reader thread.
     """
 
     def __init__(self, read: Callable[[int, int], tuple], epoch_plan: Callable[[], list],
                  declared_batches: int | None, batch_size: int | None, prefetch: int = 2,
                  rows: tuple[tuple, Callable[[int, int], np.ndarray]] | None = None,
-                 ahead: tuple[Callable[[], tuple[int, int]], _tf_epochs.PlanAt] | None = None):
+                 ahead: tuple[Callable[[], tuple[int, int]], _epochs_ahead.PlanAt] | None = None):
         self._rows = rows
         self._ahead = ahead
-        self._chain: tuple[Any, _tf_epochs.EpochChain] | None = None  # (Keras's epoch iterator, its chain)
+        self._chain: tuple[Any, _epochs_ahead.EpochChain] | None = None  # (Keras's epoch iterator, its chain)
         self._tensors: Any = None
+        self._reader: tuple[_epochs_ahead.EpochChain, Prefetcher] | None = None  # one reader across epochs
+        self._begin_reading: tuple[int, int] | None = None  # the clock when this epoch began
         self._read = read
         self._epoch_plan = epoch_plan
         self._declared = declared_batches
@@ -91,30 +93,36 @@ class StreamAdapter(_backend.DataAdapter):
         return None
 
     def on_epoch_begin(self) -> None:
-        self.close()
+        self.close(keep_reader=True)
         self._plan = self._epoch_plan()
         _backend.declare_epoch_steps(len(self._plan))
-        if self._ahead is not None and self._rows is not None and _backend.BACKEND == "tensorflow":
-            self._continue_tf_epochs()
+        if self._ahead is None:
+            return
+        self._begin_reading = self._ahead[0]()
+        if self._rows is not None and _backend.BACKEND == "tensorflow":
+            self._continue_tf_iterator()
+        elif self._reader is not None and not (self._reader[1].active
+                                               and self._reader[0].continues(self._begin_reading, self._plan)):
+            self.close()  # its plan read ahead is not this epoch's: a new reader starts at the first minibatch
 
-    def _continue_tf_epochs(self) -> None:
+    def _continue_tf_iterator(self) -> None:
         """Lets the ``tf.data`` iterator of the last epoch go on into this one if it read this epoch's plan ahead;
         else starts one that does, from here (TensorFlow, data in memory)."""
         owner = _backend.one_iterator_epoch_loop()
         if owner is None:
             return
-        reading, plan_at = self._ahead
-        now = reading()
+        now = self._begin_reading
         if self._chain is not None and self._chain[0] is owner and self._chain[1].continues(now, self._plan):
             return
-        chain = _tf_epochs.EpochChain(plan_at)
+        chain = _epochs_ahead.EpochChain(self._ahead[1])
         chain.start(now, self._plan)
         self._chain = (owner, chain)
-        _backend.iterate_once(owner, _tf_epochs.gathered_dataset(self._data_tensors(), self._rows[1], chain.produce))
+        _backend.iterate_once(owner, _epochs_ahead.gathered_dataset(self._data_tensors(), self._rows[1], chain.produce))
 
     def on_epoch_end(self) -> None:
-        self.close()
-        if self._chain is not None and not _backend.epoch_iterator_opened_next_pass():
+        ran_to_end = _backend.epoch_iterator_opened_next_pass()
+        self.close(keep_reader=ran_to_end)
+        if not ran_to_end:
             self._chain = None  # the epoch did not run to its end: its iterator is not where the next one begins
 
     @property
@@ -126,8 +134,18 @@ class StreamAdapter(_backend.DataAdapter):
 
     def _batches(self, convert: Callable[[Any], Any]) -> Iterator[Any]:
         plan = list(self.plan)
-        prefetcher = Prefetcher(lambda start, size: convert(pack_batch(*self._read(start, size))),
-                                iter(plan), depth=self._prefetch)
+        read = lambda start, size: convert(pack_batch(*self._read(start, size)))  # noqa: E731
+        if self._ahead is not None and self._prefetch > 0 and self._begin_reading is not None:
+            # One reader for the whole fit call: it reads the next epoch's plan, then its first minibatches, ahead.
+            if self._reader is None:
+                chain = _epochs_ahead.EpochChain(self._ahead[1])
+                chain.start(self._begin_reading, plan)
+                self._reader = (chain, Prefetcher(read, chain.positions(), depth=self._prefetch))
+            prefetcher = self._reader[1]
+            for start, size in plan:
+                yield prefetcher.get(start, size)
+            return
+        prefetcher = Prefetcher(read, iter(plan), depth=self._prefetch)
         self._prefetchers.append(prefetcher)
         try:
             for start, size in plan:
@@ -163,7 +181,7 @@ class StreamAdapter(_backend.DataAdapter):
     def _tf_gathered_dataset(self) -> Any:
         """One epoch's minibatches gathered by ``tf.data`` from the data in memory: the plan's row indices are read
         once (one Python call, when the iterator starts), the rows of every minibatch by ``tf.gather``."""
-        return _tf_epochs.gathered_dataset(self._data_tensors(), self._rows[1],
+        return _epochs_ahead.gathered_dataset(self._data_tensors(), self._rows[1],
                                            lambda index: self.plan if index == 0 else [])
 
     def _data_tensors(self) -> Any:
@@ -175,11 +193,15 @@ class StreamAdapter(_backend.DataAdapter):
                                                   keras.tree.lists_to_tuples(pack_batch(*self._rows[0])))
         return self._tensors
 
-    def close(self) -> None:
-        """Stops the readers of abandoned epochs."""
+    def close(self, keep_reader: bool = False) -> None:
+        """Stops the readers of abandoned epochs, and the reader that runs on from epoch to epoch unless
+        ``keep_reader``."""
         for prefetcher in self._prefetchers:
             prefetcher.close()
         self._prefetchers = []
+        if self._reader is not None and not keep_reader:
+            self._reader[1].close()
+            self._reader = None
 
 
 class _Iterable:

@@ -62,6 +62,11 @@ class Prefetcher:
             except queue.Full:
                 continue
 
+    @property
+    def active(self) -> bool:
+        """True while the reader thread runs (not closed, not fallen back to reading on the trainer's thread)."""
+        return self._thread is not None and not self._stop.is_set()
+
     def get(self, start: int, size: int) -> Any:
         """The minibatch at ``(start, size)``: from the queue when it was predicted, else read now."""
         if self._thread is None:

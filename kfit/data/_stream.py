@@ -176,7 +176,7 @@ class SampleStream:
         """The sample order of ``sweep`` (a permutation when shuffling)."""
         if not self.shuffle:
             return np.arange(self.num_samples)
-        cache = self._order_cache  # read once: tf.data's thread reads ahead (kfit.data._tf_epochs)
+        cache = self._order_cache  # read once: tf.data's thread reads ahead (kfit.data._epochs_ahead)
         if cache is None or cache[0] != sweep:
             cache = (sweep, np.random.default_rng([self.seed, sweep]).permutation(self.num_samples))
             self._order_cache = cache

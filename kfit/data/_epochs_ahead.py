@@ -1,17 +1,21 @@
-"""kfit's minibatches of data in memory as one ``tf.data`` pipeline for a whole ``fit`` call (TensorFlow).
+"""One reader for a whole ``fit`` call: each next epoch's plan, and its first minibatches, read ahead.
 
-Keras's TensorFlow loop makes a new iterator over its dataset at every epoch begin (and one at every epoch
-end, never read). Each new iterator of kfit's pipeline starts its epoch from nothing: the epoch's row indices
-are read in Python, the inner dataset is made, and the epoch's first step waits for all of it (about 20 ms
-more than ``model.fit``'s first step: ``benchmarks/epoch_boundary.py``).
+Keras's loop starts its data anew at every epoch: on TensorFlow a new iterator over its dataset at every epoch
+begin (and one at every epoch end, never read), on every backend a new pass over the adapter. A reader that
+starts with its epoch makes the epoch's first step wait for it: on TensorFlow, over data in memory, about
+20 ms more than ``model.fit``'s first step (the epoch's row indices read in Python, the inner dataset made:
+``benchmarks/epoch_boundary.py``); over h5py or a ``PyDataset``, the reading of one minibatch.
 
 The plan is a function of the clock (``kfit.training._plan``), so the next epoch's plan is known before it
-begins. :class:`EpochChain` lets one iterator run on from epoch to epoch: the pipeline reads each next
-epoch's plan ahead, from the clock reading at which the epoch before it ends, while that epoch trains; when
-the epoch begins, the adapter checks that the plan read ahead is the one the clock now gives (a callback may
-have changed the minibatch-size schedule, a restore may have moved the clock). If it is, the running iterator
-goes on, its first minibatch already prefetched; if not, a new chain starts at the clock, as without
-reading ahead. The minibatches are the same either way.
+begins. :class:`EpochChain` lets one reader run on from epoch to epoch, reading each next epoch's plan ahead,
+from the clock reading at which the epoch before it ends, while that epoch trains: on TensorFlow over data in
+memory the ``tf.data`` pipeline of :func:`gathered_dataset` (one iterator for the call), elsewhere kfit's
+reader thread (:class:`kfit.data._prefetch.Prefetcher` over :meth:`EpochChain.positions`). When the epoch
+begins, the adapter checks that the plan read ahead is the one the clock now gives (a callback may have changed
+what the minibatch-size schedule reads, a restore may have moved the clock). If it is, the reader goes on, the
+epoch's first minibatch already read; if not, a new reader starts at the clock, as without reading ahead. The
+minibatches are the same either way. A callable minibatch-size schedule is therefore also called from the
+reader's thread.
 
 Example:
     >>> chain = EpochChain(lambda samples, minibatches: [(samples, 2)] if samples < 4 else [])
@@ -25,7 +29,7 @@ Example:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -77,6 +81,14 @@ class EpochChain:
                 self._failed = True
                 self._changed.notify_all()
             raise
+
+    def positions(self) -> Iterator[tuple[int, int]]:
+        """The ``(start, size)`` of every minibatch of the chain's epochs, in order, until an empty plan (the
+        reader thread's plan: each next epoch's is read when the reader reaches it)."""
+        index = 0
+        while plan := self.produce(index):
+            yield from plan
+            index += 1
 
     def continues(self, reading: tuple[int, int], plan: list, timeout: float = WAIT_SECONDS) -> bool:
         """Whether the epoch beginning at clock ``reading`` with ``plan`` is the chain's next (main thread). Waits
