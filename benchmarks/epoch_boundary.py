@@ -10,10 +10,12 @@ dispatch (begin hooks only): for each epoch but a call's first,
 * ``step``: the median of the other steps, begin to begin;
 * ``after``: from the last step's begin to the epoch's end, less one median step (the epoch's end).
 
-Two sides alternate, one ``fit`` call of ``--epochs`` epochs each per round: ``model.fit`` and
-``kfit.fit(seed=0)``, on the small MLP of ``benchmarks/overhead.py`` at minibatch 256. Printed: the medians
-over all timed epochs, in milliseconds, and the boundary's extra time (``before + first + after - step``)
-per side.
+Five sides take turns (the order rotates each round), one ``fit`` call of ``--epochs`` epochs each per round, on
+the small MLP of ``benchmarks/overhead.py`` at minibatch 256: ``model.fit`` and ``kfit.fit(seed=0)`` on the
+arrays in memory; the same ``kfit.fit`` with ``KFIT_READ_AHEAD=0`` (each epoch starts its own reader: no
+reading ahead across epochs); and ``kfit.fit`` on the same data in an h5py file (read by kfit's reader thread),
+with and without reading ahead. Printed: the medians over all timed epochs, in milliseconds, and the
+boundary's extra time (``before + first + after - step``) per side.
 
 Run:  python benchmarks/epoch_boundary.py  [--rounds 4] [--epochs 6] [--samples 65536] [--backends tensorflow]
 """
@@ -22,9 +24,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import BACKENDS, run_per_backend, small_mlp_task  # noqa: E402
@@ -33,6 +39,7 @@ BATCH = 256
 
 
 def measure(backend: str, rounds: int, epochs: int, samples: int) -> None:
+    import h5py
     import keras
 
     import kfit
@@ -59,13 +66,31 @@ def measure(backend: str, rounds: int, epochs: int, samples: int) -> None:
         "model.fit": lambda m, cb: m.fit(x, y, batch_size=BATCH, epochs=epochs, verbose=0, callbacks=[cb]),
         "kfit.fit(seed=0)": lambda m, cb: kfit.fit(m, x, y, minibatch_size=BATCH, epochs=epochs, seed=0, verbose=0,
                                                   callbacks=[cb]),
+        "kfit, no read-ahead": lambda m, cb: without_read_ahead(
+            lambda: kfit.fit(m, x, y, minibatch_size=BATCH, epochs=epochs, seed=0, verbose=0, callbacks=[cb])),
+        "kfit, h5py": lambda m, cb: kfit.fit(m, h5["x"], h5["y"], minibatch_size=BATCH, epochs=epochs, seed=0,
+                                            verbose=0, callbacks=[cb]),
+        "kfit, h5py, no r-a": lambda m, cb: without_read_ahead(
+            lambda: kfit.fit(m, h5["x"], h5["y"], minibatch_size=BATCH, epochs=epochs, seed=0, verbose=0,
+                             callbacks=[cb])),
     }
+    def without_read_ahead(run: Callable[[], Any]) -> Any:
+        os.environ["KFIT_READ_AHEAD"] = "0"
+        try:
+            return run()
+        finally:
+            del os.environ["KFIT_READ_AHEAD"]
+
+    folder = tempfile.mkdtemp()
+    with h5py.File(os.path.join(folder, "train.h5"), "w") as f:
+        f["x"], f["y"] = x, y
+    h5 = h5py.File(os.path.join(folder, "train.h5"), "r")
     models = {name: make_model() for name in sides}
     for name, run in sides.items():  # compile and warm up
         run(models[name], Timer())
     parts: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in sides}
     for round_ in range(rounds):
-        for name in list(sides)[round_ % 2:] + list(sides)[:round_ % 2]:
+        for name in list(sides)[round_ % len(sides):] + list(sides)[:round_ % len(sides)]:
             timer = Timer()
             sides[name](models[name], timer)
             for begin, steps, (end,) in timer.epochs[1:]:
@@ -81,7 +106,10 @@ def measure(backend: str, rounds: int, epochs: int, samples: int) -> None:
         print(f"{name:<20}{before:>9.1f}{first:>9.1f}{step:>9.2f}{after:>9.1f}{extras[name]:>16.1f}")
     reference, kfit_side = extras["model.fit"], extras["kfit.fit(seed=0)"]
     print(f"BOUNDARY {backend} model.fit={reference:.1f}ms kfit.fit={kfit_side:.1f}ms "
-          f"difference={kfit_side - reference:+.1f}ms", flush=True)
+          f"difference={kfit_side - reference:+.1f}ms; read-ahead off {extras['kfit, no read-ahead']:.1f}ms; h5py "
+          f"{extras['kfit, h5py']:.1f}ms, read-ahead off {extras['kfit, h5py, no r-a']:.1f}ms", flush=True)
+    h5.close()
+    shutil.rmtree(folder)
 
 
 def main() -> int:

@@ -471,24 +471,28 @@ def test_a_minibatch_size_schedule_traces_the_train_step_once_on_tensorflow_and_
 @pytest.mark.parametrize("source", ["memory", "h5py"])
 def test_one_reader_serves_every_epoch_until_a_callback_changes_the_plan(monkeypatch, tmp_path, source):
     """The minibatches of a ``fit`` call come through one reader that reads each next epoch's plan ahead: on
-    TensorFlow over data in memory one ``tf.data`` iterator (Keras makes a new one at every epoch begin, whose first
-    minibatch the epoch's first step waits for), over h5py one reader thread on every backend (data in memory
-    elsewhere is read on the trainer's thread, no reader). A callback that changes what the schedule reads, at an
+    TensorFlow one ``tf.data`` iterator (Keras makes a new one at every epoch begin, whose first minibatch the
+    epoch's first step waits for), over h5py one reader thread on every backend (data in memory is gathered by
+    ``tf.data`` on TensorFlow, on the trainer's thread elsewhere). A callback that changes what the schedule reads, at an
     epoch begin, makes the plan read ahead wrong: a new reader starts there, and the steps train the new sizes."""
     import tensorflow as tf
 
     import kfit.data._adapter as adapter_module
 
-    made = []
+    made = {"iterators": 0, "threads": 0}
+
+    def counted_iter(self):
+        made["iterators"] += 1
+        return dataset_iter(self)
+
     dataset_iter = tf.data.Dataset.__iter__
-    monkeypatch.setattr(tf.data.Dataset, "__iter__",
-                        lambda self: (made.append(1) if source == "memory" else None) or dataset_iter(self))
+    monkeypatch.setattr(tf.data.Dataset, "__iter__", counted_iter)
 
     class CountedPrefetcher(adapter_module.Prefetcher):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             if self.active:  # a reader thread (data in memory is read on the trainer's thread)
-                made.append(1)
+                made["threads"] += 1
 
     monkeypatch.setattr(adapter_module, "Prefetcher", CountedPrefetcher)
     x, y = regression_data(40)
@@ -516,14 +520,16 @@ def test_one_reader_serves_every_epoch_until_a_callback_changes_the_plan(monkeyp
     with h5py.File(tmp_path / "train.h5", "r") as f:
         xs, ys = (x, y) if source == "memory" else (f["x"], f["y"])
         for name, size, callbacks in (("fixed", 8, []), ("changed", lambda samples: box["size"], [Resize()])):
-            made.clear()
+            made.update(iterators=0, threads=0)
             sizes = StepSizes()
             model = compiled(mlp(), metrics=[BatchSamples()])
             kfit.fit(model, xs, ys, minibatch_size=size, epochs=4, seed=2, verbose=0, callbacks=[*callbacks, sizes])
-            runs[name] = (len(made), [np.diff(totals).astype(int).tolist() for totals in sizes.epochs])
-    readers = 1 if source == "h5py" or BACKEND == "tensorflow" else 0
-    assert runs["fixed"] == (readers, [[8] * 5] * 4)
-    assert runs["changed"] == (2 * readers, [[8] * 5] * 2 + [[16, 16, 8]] * 2)
+            runs[name] = (made["iterators"], made["threads"],
+                          [np.diff(totals).astype(int).tolist() for totals in sizes.epochs])
+    iterators = 1 if BACKEND == "tensorflow" else 0
+    threads = 1 if source == "h5py" else 0
+    assert runs["fixed"] == (iterators, threads, [[8] * 5] * 4)
+    assert runs["changed"] == (2 * iterators, 2 * threads, [[8] * 5] * 2 + [[16, 16, 8]] * 2)
 
 
 def test_a_model_compiled_again_trains_with_its_new_metrics_after_sizes_were_compiled_ahead():

@@ -14,6 +14,7 @@ end of the epoch.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,6 +25,8 @@ from kfit import _backend
 from kfit.data import _epochs_ahead
 from kfit.data._prefetch import Prefetcher
 
+#: ``0`` turns reading ahead across epochs off (``kfit.data._epochs_ahead``): each epoch starts its own reader.
+READ_AHEAD_VARIABLE = "KFIT_READ_AHEAD"
 #: The most minibatches walked to find the longest epoch of a minibatch-size schedule.
 _PLAN_WALK_LIMIT = 200_000
 
@@ -54,6 +57,7 @@ class StreamAdapter(_backend.DataAdapter):
             ``plan_at(samples, minibatches)`` that ``epoch_plan`` uses. One reader then serves the whole
             ``fit`` call, reading each next epoch's plan and first minibatches ahead (``kfit.data._epochs_ahead``):
             with ``rows`` on TensorFlow one ``tf.data`` iterator, else (``prefetch`` > 0) one reader thread.
+            ``KFIT_READ_AHEAD=0`` in the environment turns that off.
     """
 
     def __init__(self, read: Callable[[int, int], tuple], epoch_plan: Callable[[], list],
@@ -61,7 +65,7 @@ class StreamAdapter(_backend.DataAdapter):
                  rows: tuple[tuple, Callable[[int, int], np.ndarray]] | None = None,
                  ahead: tuple[Callable[[], tuple[int, int]], _epochs_ahead.PlanAt] | None = None):
         self._rows = rows
-        self._ahead = ahead
+        self._ahead = ahead if os.environ.get(READ_AHEAD_VARIABLE, "1") != "0" else None
         self._chain: tuple[Any, _epochs_ahead.EpochChain] | None = None  # (Keras's epoch iterator, its chain)
         self._tensors: Any = None
         self._reader: tuple[_epochs_ahead.EpochChain, Prefetcher] | None = None  # one reader across epochs
@@ -99,25 +103,40 @@ class StreamAdapter(_backend.DataAdapter):
         if self._ahead is None:
             return
         self._begin_reading = self._ahead[0]()
-        if self._rows is not None and _backend.BACKEND == "tensorflow":
-            self._continue_tf_iterator()
-        elif self._reader is not None and not (self._reader[1].active
-                                               and self._reader[0].continues(self._begin_reading, self._plan)):
+        if _backend.BACKEND == "tensorflow" and (self._rows is not None or self._prefetch > 0):
+            if self._continue_tf_iterator():
+                return
+        if self._reader is not None and not (self._reader[1].active
+                                             and self._reader[0].continues(self._begin_reading, self._plan)):
             self.close()  # its plan read ahead is not this epoch's: a new reader starts at the first minibatch
 
-    def _continue_tf_iterator(self) -> None:
+    def _continue_tf_iterator(self) -> bool:
         """Lets the ``tf.data`` iterator of the last epoch go on into this one if it read this epoch's plan ahead;
-        else starts one that does, from here (TensorFlow, data in memory)."""
+        else starts one that does, from here. False where one iterator cannot serve every epoch (TensorFlow)."""
         owner = _backend.one_iterator_epoch_loop()
         if owner is None:
-            return
+            return False
         now = self._begin_reading
         if self._chain is not None and self._chain[0] is owner and self._chain[1].continues(now, self._plan):
-            return
+            return True
+        self.close()
         chain = _epochs_ahead.EpochChain(self._ahead[1])
         chain.start(now, self._plan)
         self._chain = (owner, chain)
-        _backend.iterate_once(owner, _epochs_ahead.gathered_dataset(self._data_tensors(), self._rows[1], chain.produce))
+        if self._rows is not None:
+            dataset = _epochs_ahead.gathered_dataset(self._data_tensors(), self._rows[1], chain.produce)
+        else:
+            dataset = self._tf_generator_dataset(lambda: self._chained_batches(chain))
+        _backend.iterate_once(owner, dataset)
+        return True
+
+    def _chained_batches(self, chain: _epochs_ahead.EpochChain) -> Iterator[Any]:
+        """Every minibatch of ``chain``'s epochs, read by one reader thread (TensorFlow: one ``tf.data`` iterator)."""
+        read = lambda start, size: keras.tree.lists_to_tuples(pack_batch(*self._read(start, size)))  # noqa: E731
+        prefetcher = Prefetcher(read, chain.positions(), depth=self._prefetch)
+        self._reader = (chain, prefetcher)
+        for start, size in chain.read_positions():
+            yield prefetcher.get(start, size)
 
     def on_epoch_end(self) -> None:
         ran_to_end = _backend.epoch_iterator_opened_next_pass()
@@ -165,18 +184,21 @@ class StreamAdapter(_backend.DataAdapter):
         return _Iterable(lambda: self._batches(_backend.to_tensors))
 
     def get_tf_dataset(self) -> Any:
-        import tensorflow as tf
-
         # tf.data takes tuples, not lists, as nested structure (as Keras's own array adapter, lists become tuples).
         if self._rows is not None:
             return self._tf_gathered_dataset()
+        return self._tf_generator_dataset(lambda: self._batches(keras.tree.lists_to_tuples))
+
+    def _tf_generator_dataset(self, batches: Callable[[], Iterator[Any]]) -> Any:
+        """A ``tf.data`` dataset of the minibatches ``batches()`` yields (as tuples: ``tf.data``'s structure)."""
+        import tensorflow as tf
+
         if self._signature is None:
             start, size = self.plan[0] if self.plan else (0, 1)
             sample = keras.tree.lists_to_tuples(pack_batch(*self._read(start, size)))
             self._signature = keras.tree.map_structure(
                 lambda a: tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), sample)
-        return tf.data.Dataset.from_generator(lambda: self._batches(keras.tree.lists_to_tuples),
-                                              output_signature=self._signature)
+        return tf.data.Dataset.from_generator(batches, output_signature=self._signature)
 
     def _tf_gathered_dataset(self) -> Any:
         """One epoch's minibatches gathered by ``tf.data`` from the data in memory: the plan's row indices are read

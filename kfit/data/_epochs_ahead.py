@@ -90,6 +90,21 @@ class EpochChain:
             yield from plan
             index += 1
 
+    def read_positions(self) -> Iterator[tuple[int, int]]:
+        """The same ``(start, size)`` as :meth:`positions`, on another thread: each epoch's once the thread
+        running :meth:`positions` has read its plan."""
+        index = 0
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda index=index: len(self._produced) > index or self._failed)
+                if len(self._produced) <= index:
+                    return  # the reader failed: its error reaches the trainer through the reader
+                plan = self._produced[index][1]
+            if not plan:
+                return
+            yield from plan
+            index += 1
+
     def continues(self, reading: tuple[int, int], plan: list, timeout: float = WAIT_SECONDS) -> bool:
         """Whether the epoch beginning at clock ``reading`` with ``plan`` is the chain's next (main thread). Waits
         for the pipeline to read it ahead; False (start anew) if it read another, failed, or took too long."""
