@@ -66,9 +66,12 @@ class StreamAdapter(_backend.DataAdapter):
                  ahead: tuple[Callable[[], tuple[int, int]], _epochs_ahead.PlanAt] | None = None):
         self._rows = rows
         self._ahead = ahead if os.environ.get(READ_AHEAD_VARIABLE, "1") != "0" else None
-        self._chain: tuple[Any, _epochs_ahead.EpochChain] | None = None  # (Keras's epoch iterator, its chain)
         self._tensors: Any = None
-        self._reader: tuple[_epochs_ahead.EpochChain, Prefetcher] | None = None  # one reader across epochs
+        # Reading ahead across epochs: the epochs' chain, the TensorFlow epoch loop its tf.data iterator serves (or
+        # None), and its reader thread (None for tf.data's gather from memory).
+        self._chain: _epochs_ahead.EpochChain | None = None
+        self._chain_owner: Any = None
+        self._reader: Prefetcher | None = None
         self._begin_reading: tuple[int, int] | None = None  # the clock when this epoch began
         self._read = read
         self._epoch_plan = epoch_plan
@@ -102,47 +105,44 @@ class StreamAdapter(_backend.DataAdapter):
         _backend.declare_epoch_steps(len(self._plan))
         if self._ahead is None:
             return
-        self._begin_reading = self._ahead[0]()
+        self._begin_reading = now = self._ahead[0]()
+        owner = None  # TensorFlow: the epoch loop that one tf.data iterator can serve, if any
         if _backend.BACKEND == "tensorflow" and (self._rows is not None or self._prefetch > 0):
-            if self._continue_tf_iterator():
-                return
-        if self._reader is not None and not (self._reader[1].active
-                                             and self._reader[0].continues(self._begin_reading, self._plan)):
-            self.close()  # its plan read ahead is not this epoch's: a new reader starts at the first minibatch
+            owner = _backend.one_iterator_epoch_loop()
+        if (self._chain is not None and self._chain_owner is owner and (self._reader is None or self._reader.active)
+                and self._chain.continues(now, self._plan)):
+            return  # the reader read this epoch's plan ahead: it goes on
+        self.close()  # a new reader starts at this epoch's first minibatch (elsewhere than tf.data: when first read)
+        if owner is not None:
+            chain = self._start_chain(owner)
+            if self._rows is not None:
+                dataset = _epochs_ahead.gathered_dataset(self._data_tensors(), self._rows[1], chain.produce)
+            else:
+                dataset = self._tf_generator_dataset(lambda: self._chained_batches(chain, keras.tree.lists_to_tuples))
+            _backend.iterate_once(owner, dataset)
 
-    def _continue_tf_iterator(self) -> bool:
-        """Lets the ``tf.data`` iterator of the last epoch go on into this one if it read this epoch's plan ahead;
-        else starts one that does, from here. False where one iterator cannot serve every epoch (TensorFlow)."""
-        owner = _backend.one_iterator_epoch_loop()
-        if owner is None:
-            return False
-        now = self._begin_reading
-        if self._chain is not None and self._chain[0] is owner and self._chain[1].continues(now, self._plan):
-            return True
-        self.close()
-        chain = _epochs_ahead.EpochChain(self._ahead[1])
-        chain.start(now, self._plan)
-        self._chain = (owner, chain)
-        if self._rows is not None:
-            dataset = _epochs_ahead.gathered_dataset(self._data_tensors(), self._rows[1], chain.produce)
-        else:
-            dataset = self._tf_generator_dataset(lambda: self._chained_batches(chain))
-        _backend.iterate_once(owner, dataset)
-        return True
+    def _start_chain(self, owner: Any = None) -> _epochs_ahead.EpochChain:
+        """A chain of epochs from this one, read by one reader (``owner``: the epoch loop its tf.data iterator serves)."""
+        self._chain = _epochs_ahead.EpochChain(self._ahead[1])
+        self._chain.start(self._begin_reading, self.plan)
+        self._chain_owner = owner
+        return self._chain
 
-    def _chained_batches(self, chain: _epochs_ahead.EpochChain) -> Iterator[Any]:
-        """Every minibatch of ``chain``'s epochs, read by one reader thread (TensorFlow: one ``tf.data`` iterator)."""
-        read = lambda start, size: keras.tree.lists_to_tuples(pack_batch(*self._read(start, size)))  # noqa: E731
-        prefetcher = Prefetcher(read, chain.positions(), depth=self._prefetch)
-        self._reader = (chain, prefetcher)
+    def _start_reader(self, chain: _epochs_ahead.EpochChain, convert: Callable[[Any], Any]) -> Prefetcher:
+        """The reader thread of ``chain``'s epochs: every minibatch, read ahead, through ``convert``."""
+        self._reader = Prefetcher(lambda start, size: convert(pack_batch(*self._read(start, size))),
+                                  chain.positions(), depth=self._prefetch)
+        return self._reader
+
+    def _chained_batches(self, chain: _epochs_ahead.EpochChain, convert: Callable[[Any], Any]) -> Iterator[Any]:
+        """Every minibatch of ``chain``'s epochs, for one tf.data iterator (its reader starts with it)."""
+        reader = self._start_reader(chain, convert)
         for start, size in chain.read_positions():
-            yield prefetcher.get(start, size)
+            yield reader.get(start, size)
 
     def on_epoch_end(self) -> None:
-        ran_to_end = _backend.epoch_iterator_opened_next_pass()
-        self.close(keep_reader=ran_to_end)
-        if not ran_to_end:
-            self._chain = None  # the epoch did not run to its end: its iterator is not where the next one begins
+        # An epoch that did not run to its end leaves its reader short of where the next one begins.
+        self.close(keep_reader=_backend.epoch_iterator_opened_next_pass())
 
     @property
     def plan(self) -> list[tuple[int, int]]:
@@ -153,18 +153,15 @@ class StreamAdapter(_backend.DataAdapter):
 
     def _batches(self, convert: Callable[[Any], Any]) -> Iterator[Any]:
         plan = list(self.plan)
-        read = lambda start, size: convert(pack_batch(*self._read(start, size)))  # noqa: E731
         if self._ahead is not None and self._prefetch > 0 and self._begin_reading is not None:
             # One reader for the whole fit call: it reads the next epoch's plan, then its first minibatches, ahead.
             if self._reader is None:
-                chain = _epochs_ahead.EpochChain(self._ahead[1])
-                chain.start(self._begin_reading, plan)
-                self._reader = (chain, Prefetcher(read, chain.positions(), depth=self._prefetch))
-            prefetcher = self._reader[1]
+                self._start_reader(self._start_chain(), convert)
             for start, size in plan:
-                yield prefetcher.get(start, size)
+                yield self._reader.get(start, size)
             return
-        prefetcher = Prefetcher(read, iter(plan), depth=self._prefetch)
+        prefetcher = Prefetcher(lambda start, size: convert(pack_batch(*self._read(start, size))),
+                                iter(plan), depth=self._prefetch)
         self._prefetchers.append(prefetcher)
         try:
             for start, size in plan:
@@ -221,9 +218,10 @@ class StreamAdapter(_backend.DataAdapter):
         for prefetcher in self._prefetchers:
             prefetcher.close()
         self._prefetchers = []
-        if self._reader is not None and not keep_reader:
-            self._reader[1].close()
-            self._reader = None
+        if not keep_reader:
+            if self._reader is not None:
+                self._reader.close()
+            self._chain, self._chain_owner, self._reader = None, None, None
 
 
 class _Iterable:

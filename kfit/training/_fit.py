@@ -559,10 +559,7 @@ class _StreamFit:
             # epoch's compile meanwhile, in the background.
             ahead.seen([plan[0][1]])
             ahead.request(size for _, size in plan)
-            following = min(end + self.epoch_size, self.stop_at)
-            if end < following:
-                ahead.request(size for _, size in _plan.plan(end, clock.minibatches + len(plan), self.size_at,
-                                                             self.epoch_size, following))
+            ahead.request(size for _, size in self.plan_at(end, clock.minibatches + len(plan)))
         return plan
 
     # -- the run ---------------------------------------------------------------------------------
