@@ -27,10 +27,6 @@ HYPERPARAMETER_KEYS = ("lr", "momentum", "minibatch_size")
 to_float = _checks.log_float
 
 
-def is_loss_key(key: str) -> bool:
-    return key == "loss" or key.endswith("_loss")
-
-
 def without_step_end(callback: Any) -> None:
     """Gives ``callback`` Keras's default (empty) batch-end hook, for a progress callback with nothing to
     do after each step: Keras then keeps its asynchronous dispatch under plain ``model.fit`` instead of

@@ -354,7 +354,6 @@ class _Restore:
     stream_state: dict | None = None
     clock_state: dict | None = None
     history: dict | None = None
-    metrics_restored: bool = False
     notes: list = field(default_factory=list)
     file: str = ""
 
@@ -404,7 +403,6 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
     if metrics and meta["variables"]["metrics"] and variables["metrics"]:  # unbuilt metrics: nothing to restore
         try:
             restore.assignments += _match_group("metrics", variables["metrics"], meta["variables"]["metrics"], arrays, file)
-            restore.metrics_restored = True
         except CheckpointMismatchError as mismatch:
             restore.notes.append(f"The training metrics are not restored (they start afresh): {mismatch}")
 

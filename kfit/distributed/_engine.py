@@ -111,7 +111,3 @@ class Engine(abc.ABC):
         else:
             buffer = np.zeros(length, np.uint8)
         return self.host_broadcast(buffer, root_rank, name).tobytes()
-
-    def describe(self) -> dict[str, Any]:
-        """The engine's name, rank and size (for logs and error messages)."""
-        return {"engine": self.name, "rank": self.rank(), "size": self.size()}

@@ -70,10 +70,6 @@ def plugin() -> Any:
     return _hvd
 
 
-def initialized() -> bool:
-    return _hvd is not None
-
-
 # -- host (NumPy) collectives -------------------------------------------------------------------------
 def _torch_wait(handle: int) -> Any:
     """Waits for a horovod.torch operation by polling with short sleeps.
