@@ -179,7 +179,8 @@ def replace_train_function(model: Any, make_step: Callable[[Any], Callable]) -> 
 
 
 def exclude_padding_from_metrics(model: Any, padding: Callable[[], Any],
-                                 metrics_split: Callable[[], tuple[list, list] | None]) -> None:
+                                 metrics_split: Callable[[], tuple[list, list] | None],
+                                 tracker_count: bool = True) -> None:
     """Takes padding rows out of the training metrics of a step that trains on a padded batch (JAX engine).
 
     ``padding()`` gives, while a step is traced, the number of padding rows at the end of the batch (a traced
@@ -191,7 +192,8 @@ def exclude_padding_from_metrics(model: Any, padding: Callable[[], Any],
     ``(additive, other)`` (None: a model's own ``train_step`` or ``compute_metrics``, left as they are): the
     contribution of the padding rows to an additive metric (its state a sum over samples), ``padding`` times that
     of the last row, is measured by updating the metrics once more on the last row and taken out; the other
-    metrics keep their state of the padded batch. ``_loss_tracker``, its ``count``, the call order inside
+    metrics keep their state of the padded batch. ``tracker_count=False`` leaves the loss tracker to the caller
+    (a step whose loss trackers count the real rows themselves). ``_loss_tracker``, its ``count``, the call order inside
     ``train_step`` and the stateless scope are Keras internals, checked against Keras 3.15.
     """
     original = model.compute_metrics
@@ -202,7 +204,7 @@ def exclude_padding_from_metrics(model: Any, padding: Callable[[], Any],
         if pad is None:
             return logs
         ops = keras.ops
-        tracker = getattr(model, "_loss_tracker", None)
+        tracker = getattr(model, "_loss_tracker", None) if tracker_count else None
         if tracker is not None and isinstance(getattr(tracker, "count", None), keras.Variable):
             tracker.count.assign(tracker.count.value - ops.cast(pad, tracker.count.dtype))
         split = metrics_split()
@@ -226,6 +228,26 @@ def exclude_padding_from_metrics(model: Any, padding: Callable[[], Any],
         return model.get_metrics_result()
 
     object.__setattr__(model, "compute_metrics", compute_metrics)
+
+
+def loss_trackers(model: Any) -> list:
+    """The ``Mean`` metrics Keras's train step updates with each minibatch's loss, weighted by its rows: the loss
+    tracker, and one per output's loss for a model with several. ``_loss_tracker`` and ``CompileLoss.metrics`` are
+    Keras internals, checked against Keras 3.10-3.15."""
+    compile_loss = getattr(model, "_compile_loss", None)
+    trackers = [getattr(model, "_loss_tracker", None), *(getattr(compile_loss, "metrics", None) or [])]
+    return [t for t in trackers if t is not None]
+
+
+def loss_reductions(model: Any) -> list[tuple[str, str | None]]:
+    """``(name, reduction)`` of each loss ``model.compile`` gave (built). ``CompileLoss._flat_losses`` (entries
+    ``(path, loss, weight, name)``) is a Keras internal, checked against Keras 3.10-3.15."""
+    compile_loss = getattr(model, "_compile_loss", None)
+    found = []
+    for entry in getattr(compile_loss, "_flat_losses", None) or []:
+        loss = entry[1]
+        found.append((getattr(loss, "name", None) or type(loss).__name__, getattr(loss, "reduction", None)))
+    return found
 
 
 def fit_reads_a_first_batch(model: Any) -> bool:

@@ -532,6 +532,62 @@ def test_one_reader_serves_every_epoch_until_a_callback_changes_the_plan(monkeyp
     assert runs["changed"] == (2 * iterators, 2 * threads, [[8] * 5] * 2 + [[16, 16, 8]] * 2)
 
 
+class PausingInTrace(keras.Sequential):
+    """Records when its JAX step is traced on each thread, inside ``compute_loss`` (where Keras holds the forward
+    pass's losses, the regularization, on the model). A trace on the trainer's thread waits there until one on the
+    compile-ahead thread is there too, if one can be (0.5 s at most); the thread's trace pauses there."""
+
+    def __init__(self, *args, **kwargs):
+        import threading
+
+        super().__init__(*args, **kwargs)
+        self.ahead_in_trace = threading.Event()
+        self.traces = []  # (thread name, start, end)
+
+    def compute_loss(self, *args, **kwargs):
+        import threading
+        import time
+
+        if BACKEND != "jax":  # (the step runs this once per trace; on PyTorch once per step)
+            return super().compute_loss(*args, **kwargs)
+        thread, start = threading.current_thread().name, time.perf_counter()
+        if thread == "kfit-compile-ahead":
+            self.ahead_in_trace.set()
+            time.sleep(0.3)
+        else:
+            self.ahead_in_trace.wait(timeout=0.5)
+        try:
+            return super().compute_loss(*args, **kwargs)
+        finally:
+            self.traces.append((thread, start, time.perf_counter()))
+
+
+def test_a_size_compiled_ahead_and_a_size_traced_by_training_never_trace_at_once(monkeypatch):
+    """Keras's JAX train step writes the forward pass's losses to the model while it is traced: the trainer's trace
+    of a new size and the thread's of the next one, at once, leaked each other's tracers (UnexpectedTracerError)
+    or mixed their losses. One trace at a time: the same weights as without compiling ahead."""
+    x, y = regression_data(100)
+    results = []
+    for ahead in ("1", "0"):
+        monkeypatch.setenv("KFIT_COMPILE_AHEAD", ahead)
+        keras.utils.set_random_seed(3)
+        model = PausingInTrace([keras.Input((4,)), keras.layers.Dense(8, activation="tanh", kernel_regularizer="l2"),
+                                keras.layers.Dense(1)])
+        compiled(model)
+        schedule = kfit.schedules.minibatch_size([8, 16], epoch_size=100)
+        grab = GrabRun()
+        kfit.fit(model, x, y, minibatch_size=schedule, epoch_size=100, epochs=2, seed=1, verbose=0, callbacks=[grab])
+        results.append((model, grab.run.compile_ahead))
+    (model, ahead), (reference, _) = results
+    assert_same_weights(model, reference)
+    if BACKEND == "jax":  # the epochs' 4 and the 16 were compiled ahead, none failed, no two traces overlapped
+        assert ahead.errors == [] and ahead.compiled == {4, 16}
+        on_thread = [(a, b) for name, a, b in model.traces if name == "kfit-compile-ahead"]
+        on_trainer = [(a, b) for name, a, b in model.traces if name != "kfit-compile-ahead"]
+        assert len(on_thread) == 2 and on_trainer
+        assert not [(t, m) for t in on_thread for m in on_trainer if t[0] < m[1] and m[0] < t[1]]
+
+
 def test_a_model_compiled_again_trains_with_its_new_metrics_after_sizes_were_compiled_ahead():
     """A jitted step kept alive keeps its traces in JAX's caches, where the step of the model compiled again
     (the same ``train_step``) would find the old metrics: the helper lets go of it when training ends."""

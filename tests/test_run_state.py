@@ -161,6 +161,7 @@ BAD_ARGUMENTS = [
     ({"class_weight": [1.0, 2.0]}, r"`class_weight`: expected a dict"),
     ({"class_weight": {0: 1.0}, "sample_weight": np.ones(64)}, r"cannot be given together"),
     ({"prefetch": -1}, r"prefetch=-1"),
+    ({"pad_remainders": "yes"}, r"`pad_remainders`: expected True or False. Received: pad_remainders='yes'"),
     ({"epoch_size": 0}, r"epoch_size=0"),
     ({"max_samples": -5}, r"max_samples=-5"),
 ]

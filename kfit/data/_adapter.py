@@ -58,12 +58,15 @@ class StreamAdapter(_backend.DataAdapter):
             ``fit`` call, reading each next epoch's plan and first minibatches ahead (``kfit.data._epochs_ahead``):
             with ``rows`` on TensorFlow one ``tf.data`` iterator, else (``prefetch`` > 0) one reader thread.
             ``KFIT_READ_AHEAD=0`` in the environment turns that off.
+        pad: JAX only: ``pad(batches)`` gives the batches of an epoch as the step is handed them (padded, with
+            sample weights and a row mask: ``kfit.training._padding.padded``).
     """
 
     def __init__(self, read: Callable[[int, int], tuple], epoch_plan: Callable[[], list],
                  declared_batches: int | None, batch_size: int | None, prefetch: int = 2,
                  rows: tuple[tuple, Callable[[int, int], np.ndarray]] | None = None,
-                 ahead: tuple[Callable[[], tuple[int, int]], _epochs_ahead.PlanAt] | None = None):
+                 ahead: tuple[Callable[[], tuple[int, int]], _epochs_ahead.PlanAt] | None = None,
+                 pad: Callable[[Iterator[Any]], Iterator[Any]] | None = None):
         self._rows = rows
         self._ahead = ahead if os.environ.get(READ_AHEAD_VARIABLE, "1") != "0" else None
         self._tensors: Any = None
@@ -81,6 +84,7 @@ class StreamAdapter(_backend.DataAdapter):
         self._plan: list[tuple[int, int]] | None = None
         self._prefetchers: list[Prefetcher] = []
         self._signature: Any = None
+        self._pad = pad
 
     # -- what Keras asks -------------------------------------------------------------------------
     @property
@@ -175,7 +179,8 @@ class StreamAdapter(_backend.DataAdapter):
     def get_jax_iterator(self) -> Iterator[Any]:
         # NumPy batches, as Keras's own array adapter hands JAX: the compiled step takes them in its fast path.
         # (JAX arrays made on the reader thread cost ~300 us more per step on a CPU: benchmarks/overhead.py.)
-        return self.get_numpy_iterator()
+        batches = self.get_numpy_iterator()
+        return batches if self._pad is None else self._pad(batches)
 
     def get_torch_dataloader(self) -> Any:
         return _Iterable(lambda: self._batches(_backend.to_tensors))

@@ -9,7 +9,13 @@ while the current sizes train. When training reaches a new size its step is alre
 On TensorFlow and PyTorch nothing is compiled ahead. TensorFlow needs no more than one trace: kfit's ``tf.data``
 pipeline leaves the batch dimension unknown, so the step traced for the first minibatch serves every size (with
 ``jit_compile=True``, XLA still compiles each new shape on its first step). PyTorch's step is not compiled
-(``jit_compile=True`` there compiles lazily, per shape). Nothing is compiled ahead under data-parallel training,
+(``jit_compile=True`` there compiles lazily, per shape).
+
+Only one thread traces the step at a time. Keras's JAX train step writes to the model while it is traced (the forward
+pass's losses, ``_losses_override``): two traces at once, of a model with a regularizer, leak each other's tracers. A
+step of a size that no trace serves yet traces on the trainer's thread: :meth:`CompileAhead.before_step` then holds the
+thread's next trace back until the step after it; the thread's traces hold the trainer's new sizes back in turn. Only
+the trace is held, not XLA's compile, which takes most of the time. Nothing is compiled ahead under data-parallel training,
 with ``steps_per_execution`` > 1, or with ``KFIT_COMPILE_AHEAD=0``.
 
 Example:
@@ -52,6 +58,9 @@ class CompileAhead:
         self._state = _backend.train_state_specs(model) if self._step is not None else None
         self._sample = sample_batch
         self._requested: set[int] = set()
+        self._traced: set[int] = set()  # sizes whose step is traced, by the thread or by training
+        self._tracing = threading.Lock()  # held by whichever thread traces the step
+        self._held = False  # the trainer's thread holds _tracing for the step it runs
         self.compiled: set[int] = set()
         self.errors: list[str] = []
         self._queue: queue.Queue = queue.Queue()
@@ -65,6 +74,22 @@ class CompileAhead:
     def seen(self, sizes: Iterable[int]) -> None:
         """Marks sizes whose step is compiled by training itself (the first one): not compiled again."""
         self._requested.update(int(s) for s in sizes)
+
+    def before_step(self, size: int) -> None:
+        """Training is about to run a step of ``size`` rows. If no trace serves that size yet, the step traces it:
+        the thread's next trace waits until the next step (or :meth:`after_steps`)."""
+        self.after_steps()
+        if self._step is None or size in self._traced:
+            return
+        self._tracing.acquire()
+        self._held = True
+        self._traced.add(size)
+
+    def after_steps(self) -> None:
+        """Lets the thread trace again (the steps of the epoch have run)."""
+        if self._held:
+            self._held = False
+            self._tracing.release()
 
     def request(self, sizes: Iterable[int]) -> None:
         """Compiles the step for each size not requested before, in the order given."""
@@ -96,7 +121,10 @@ class CompileAhead:
                     lambda a, rows=size: jax.ShapeDtypeStruct((rows, *np.shape(a)[1:]),
                                                               jax.dtypes.canonicalize_dtype(np.asarray(a).dtype)),
                     self._sample)
-                self._step.lower(self._state, data).compile()
+                with self._tracing:
+                    lowered = self._step.lower(self._state, data)
+                    self._traced.add(size)
+                lowered.compile()
                 self.compiled.add(size)
             except Exception as error:  # the step compiles on its first call instead
                 self.errors.append(f"minibatch size {size}: {type(error).__name__}: {error}")
@@ -112,6 +140,7 @@ class CompileAhead:
         """Drops the sizes not compiled yet, waits for the compile in progress (at most one) and lets go of the
         step: a jitted step kept alive keeps its traces in JAX's caches, where a later ``jit`` of the same
         ``train_step`` (after ``model.compile`` again, with other metrics) would find them."""
+        self.after_steps()
         if self._thread is not None:
             self._drain()
         self._step = self._state = self._sample = None

@@ -25,7 +25,7 @@ from kfit.data._adapter import StreamAdapter, declared_batches, pack_batch
 from kfit.data._pydataset import PyDatasetStream
 from kfit.data._source import SourceAdapter, SourceDriver, batch_size_of
 from kfit.data._stream import SampleStream, dataset_length, flatten, is_sparse, is_streamable, pack, to_host
-from kfit.training import _plan, _validation
+from kfit.training import _padding, _plan, _validation
 from kfit.training._compile_ahead import CompileAhead
 from kfit.training._driver import PlanDriver
 from kfit.training._options import FitOptions, size_function
@@ -98,6 +98,7 @@ def fit(
     max_samples: int | None = None,
     seed: int | None = None,
     prefetch: int | None = None,
+    pad_remainders: bool = False,
 ) -> keras.callbacks.History:
     """Trains ``model`` like ``model.fit``, on kfit's sample clock.
 
@@ -111,7 +112,12 @@ def fit(
       training;
     * ``seed``: the seed of the data stream's shuffling (each sweep is shuffled by ``(seed, sweep)``);
     * ``prefetch``: minibatches read ahead on a background thread (None: 2 from h5py datasets and
-      ``PyDataset``s, none from NumPy arrays in memory, whose gather is faster than a hand-off between threads).
+      ``PyDataset``s, none from NumPy arrays in memory, whose gather is faster than a hand-off between threads);
+    * ``pad_remainders``: on JAX, hand the compiled step each minibatch that an epoch end (or ``max_samples``) cuts
+      short at its scheduled size, padded with zero-weight rows whose effect is taken out exactly, so that cut sizes
+      compile no step of their own (mathematically exact, not bit-identical to an unpadded run; refused, with the
+      reason, for a model it would not be exact for: see ``kfit/training/_padding.py``). Nothing to pad on
+      TensorFlow and PyTorch, where a new size compiles nothing.
 
     When none of these (nor a callback that needs the stream, such as ``kfit.callbacks.Checkpoint`` or
     ``MinibatchSizeSchedule``) is used, this is exactly ``model.fit`` plus kfit's clock: the same weights
@@ -141,7 +147,7 @@ def fit(
         epochs=epochs, verbose=verbose, validation_split=validation_split, shuffle=shuffle, class_weight=class_weight,
         initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
         validation_batch_size=validation_batch_size, validation_freq=validation_freq, epoch_size=epoch_size,
-        max_samples=max_samples, seed=seed, prefetch=prefetch)
+        max_samples=max_samples, seed=seed, prefetch=prefetch, pad_remainders=pad_remainders)
     _check_callbacks(callbacks)
     for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
         _check_open(name, part)
@@ -227,6 +233,9 @@ def _check_source_options(x: Any, options: FitOptions, callbacks: list) -> None:
         raise ValueError(f"Argument `epoch_size` needs data that kfit reads as a stream of samples; x is a {kind}, whose "
                          f"epochs are its own passes (use `steps_per_epoch`, as with model.fit). {works}. "
                          f"Received: epoch_size={options.epoch_size!r}")
+    if options.pad_remainders:
+        raise ValueError(f"Argument `pad_remainders` needs data that kfit cuts into minibatches; x is a {kind}, which "
+                         f"makes its own minibatches. {works}. Received: pad_remainders=True")
     if options.validation_split:
         raise ValueError(f"Argument `validation_split` needs arrays (as in model.fit); x is a {kind}. Give "
                          f"`validation_data` instead. Received: validation_split={options.validation_split!r}")
@@ -343,7 +352,14 @@ class _RunControl(keras.callbacks.Callback):
                   f"{'' if source.continues else ' in epoch ' + str(epoch)}.", file=sys.stderr)
         return mid_epoch
 
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        ahead = self.fit.run.compile_ahead
+        if ahead is not None and ahead.active and batch < len(self.fit.epoch_step_rows):
+            ahead.before_step(self.fit.epoch_step_rows[batch])  # one thread traces the step at a time
+
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self.fit.run.compile_ahead is not None:
+            self.fit.run.compile_ahead.after_steps()
         clock = self.fit.clock
         if self.fit.source is not None and clock.epoch_size is None:
             self.fit.run.flush()
@@ -460,7 +476,15 @@ class _StreamFit:
         self.summaries = EpochSummaries(self.history)
         self.run.callbacks = ordered_callbacks(callbacks + [self.summaries])
         self.release_writes: Any = lambda: None
+        self.unpad: Any = None  # undoes _padding.install
         self.first_host: Any = None  # the first minibatch as read (NumPy): what the step is compiled ahead for
+        if o.pad_remainders and self.distributed:
+            raise ValueError("Argument `pad_remainders` is for one-process training: under data-parallel training "
+                             "each worker trains its share of the global minibatch. Received: pad_remainders=True")
+        # Padding the minibatches an epoch end cuts short (JAX's jitted step): kfit.training._padding.
+        self.pads = (o.pad_remainders and _backend.BACKEND == "jax" and self.source is None
+                     and model.jit_compile and not model.run_eagerly)
+        self.epoch_step_rows: list[int] = []  # the rows the step is handed for each minibatch of the epoch
 
     model = property(lambda self: self.run.model, doc="The model being trained.")
     clock = property(lambda self: self.run.clock, doc="The run's sample clock.")
@@ -553,14 +577,22 @@ class _StreamFit:
         end = min(clock.epoch_end(), self.stop_at)
         if self.progbar is not None:
             self.progbar.plan_epoch([size for _, size in plan])
+        self.epoch_step_rows = self.step_rows(plan, clock.minibatches)
         ahead = self.run.compile_ahead
         if ahead is not None and ahead.active and plan:
             # This epoch's first size compiles on its first step, if it is new; its other sizes and the next
             # epoch's compile meanwhile, in the background.
-            ahead.seen([plan[0][1]])
-            ahead.request(size for _, size in plan)
-            ahead.request(size for _, size in self.plan_at(end, clock.minibatches + len(plan)))
+            ahead.seen(self.epoch_step_rows[:1])
+            ahead.request(self.epoch_step_rows)
+            ahead.request(self.step_rows(self.plan_at(end, clock.minibatches + len(plan)), clock.minibatches + len(plan)))
         return plan
+
+    def step_rows(self, plan: list, minibatches: int) -> list[int]:
+        """The rows the step is handed for each minibatch of ``plan`` (drawn from the clock's ``minibatches`` on):
+        its size, or with ``pad_remainders`` its scheduled size."""
+        if self.pads:
+            return _padding.padded_rows(plan, minibatches, self.size_at)
+        return [size for _, size in plan]
 
     # -- the run ---------------------------------------------------------------------------------
     def _feed(self) -> tuple[Any, Any, Any, int | None]:
@@ -584,6 +616,7 @@ class _StreamFit:
             batch_size=None if self.fixed_size is None else max(self.fixed_size // workers, 1),
             prefetch=self.prefetch, rows=self._rows_in_memory(),
             ahead=(lambda: (clock.samples, clock.minibatches), self.plan_at),
+            pad=(lambda batches: _padding.padded(batches, lambda: self.epoch_step_rows)) if self.pads else None,
         )
         if clock.samples < self.stop_at:
             first_size = _plan.next_minibatch(clock.samples, clock.minibatches, self.size_at, self.epoch_size,
@@ -591,7 +624,7 @@ class _StreamFit:
         else:
             first_size = self.fixed_size or 1
         first = pack_batch(*self.read(clock.samples % max(self.stream.num_samples, 1), max(first_size, workers)))
-        self.first_host = first
+        self.first_host = _padding.pad_batch(first, _padding.batch_rows(first)) if self.pads else first
         return adapter, PlanDriver(self.model, adapter), _backend.to_tensors(first), self.fixed_size or first_size
 
     def train(self) -> keras.callbacks.History:
@@ -616,6 +649,9 @@ class _StreamFit:
             if self.distributed:
                 distributed.prepare_model(model)
             _backend.build(model, first)
+            if self.pads:
+                _padding.check(model)
+                self.unpad = _padding.install(model)
             validation_data, sharded = _validation.shard_validation_data(self.validation_data, model,
                                                                          self.options.validation_steps)
             if sharded:  # first at the epoch end (the lowest order), before _AverageMetrics
@@ -633,6 +669,8 @@ class _StreamFit:
         finally:
             if self.run.compile_ahead is not None:
                 self.run.compile_ahead.close()
+            if self.unpad is not None:
+                self.unpad()
             self.release_writes()
             if isinstance(adapter, StreamAdapter):
                 adapter.close()

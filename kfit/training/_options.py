@@ -48,6 +48,7 @@ class FitOptions:
     max_samples: int | None = None
     seed: int | None = None
     prefetch: int | None = None
+    pad_remainders: bool = False
 
     @classmethod
     def from_arguments(cls, *, batch_size: Any = None, callbacks: list | None = None, sample_weight: Any = None,
@@ -81,6 +82,7 @@ class FitOptions:
         _checks.count("seed", options.seed, allow_none=True)
         _checks.count("initial_epoch", options.initial_epoch)
         _checks.count("prefetch", options.prefetch, allow_none=True)
+        _checks.boolean("pad_remainders", options.pad_remainders)
         _checks.real("validation_split", options.validation_split, low=0.0, high=1.0, high_inclusive=False)
         _checks.choice("verbose", options.verbose, _VERBOSE)
         _checks.choice("shuffle", options.shuffle, _SHUFFLE)
@@ -104,7 +106,7 @@ class FitOptions:
     def kfit_only(self) -> bool:
         """Some option only kfit's stream gives (``model.fit`` itself cannot train with it)."""
         return (self.minibatch_size is not None and not isinstance(self.minibatch_size, int)) or any(
-            value is not None for value in (self.epoch_size, self.max_samples, self.seed))
+            value is not None for value in (self.epoch_size, self.max_samples, self.seed)) or self.pad_remainders
 
 
 def _check_minibatch_size(value: Any) -> Any:

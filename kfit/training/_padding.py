@@ -1,0 +1,210 @@
+"""Pad the minibatches an epoch end cuts short to their scheduled size, so that they add no compiled shape (JAX).
+
+A minibatch never crosses an epoch boundary (nor ``max_samples``): the one that reaches it is cut short. Under JAX
+every new shape compiles, so a run whose epoch length is no multiple of its minibatch size compiles one more step per
+scheduled size, and with a minibatch-size schedule each cut size is new. ``kfit.fit(..., pad_remainders=True)``
+hands the step such a minibatch at its scheduled size instead (``size_at`` of the clock reading where it is drawn, a
+pure function of the clock: a resumed run pads exactly as the run it resumes):
+
+* the ``p - r`` padding rows are copies of the minibatch's last row, with sample weight 0;
+* inside the step, given the real count ``r`` (a traced scalar, from a row mask the batch carries), the sample
+  weights the loss sees are scaled by ``p / r``: with Keras's default reduction (``sum_over_batch_size``, a sum
+  over the ``p`` rows divided by ``p``) the loss, its gradient and the regularization are those of the ``r`` rows;
+* the loss trackers (the loss and each output's loss) count ``r`` samples, weighted metrics see weight 0 on the
+  padding rows, and the contribution of the padding rows to every metric whose state is a sum over samples is
+  taken out (``kfit/_backend.py:exclude_padding_from_metrics``).
+
+Every minibatch then carries sample weights and the row mask (all ones when nothing is padded), so one compiled step
+serves each scheduled size. Mathematically exact, not bit-identical to an unpadded run: the float sums run over other
+shapes, and Dropout draws for ``p`` rows. Refused (:func:`check`) where it would not be exact: a model's own
+``train_step``, ``compute_loss`` or ``compute_metrics``, a loss reduced otherwise than by ``sum_over_batch_size`` or
+``mean_with_sample_weight``, ``BatchNormalization``, an activity regularizer, a source that batches by itself,
+data-parallel training. On TensorFlow and PyTorch nothing is padded: a new size adds no compiled shape there (kfit's
+``tf.data`` pipeline leaves the batch dimension unknown; PyTorch's step is not compiled).
+
+Example:
+    >>> import numpy as np
+    >>> from kfit.training._padding import pad_batch, padded_rows
+    >>> padded_rows([(0, 8), (8, 8), (16, 4)], minibatches=0, size_at=lambda s, m: 8)
+    [8, 8, 8]
+    >>> x, y, w, mask = pad_batch((np.arange(3.0), np.arange(3.0)), rows=5)
+    >>> x.tolist(), w.tolist(), mask.tolist()
+    ([0.0, 1.0, 2.0, 2.0, 2.0], [1.0, 1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0, 0.0])
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import keras
+import numpy as np
+
+from kfit import _backend
+
+#: Reductions under which scaling the sample weights by ``p / r`` gives the loss of the ``r`` real rows.
+EXACT_REDUCTIONS = ("sum_over_batch_size", "mean_with_sample_weight")
+
+#: The step being traced: ``real``, its real rows, and ``padding``, its padding rows (traced scalars), or neither.
+_STEP = threading.local()
+
+
+def step_real_count() -> Any:
+    """The real rows of the padded step being traced (a traced scalar), or None."""
+    return getattr(_STEP, "real", None)
+
+
+def step_padding() -> Any:
+    """The padding rows of the padded step being traced (a traced scalar), or None."""
+    return getattr(_STEP, "padding", None)
+
+
+def padded_rows(plan: list[tuple[int, int]], minibatches: int, size_at: Callable[[int, int], int]) -> list[int]:
+    """The rows each minibatch of an epoch's ``plan`` is handed to the step with: its scheduled size, ``size_at`` of
+    the clock reading where it is drawn (``minibatches``: the clock's minibatch count at the plan's first)."""
+    return [max(size, int(size_at(start, minibatches + i))) for i, (start, size) in enumerate(plan)]
+
+
+def padded(batches: Iterator[Any], rows: Callable[[], list[int]]) -> Iterator[Any]:
+    """The batches of an epoch (host batches, in plan order) padded to ``rows()``, read once the epoch's first batch
+    is (the epoch is planned by then)."""
+    sizes: list[int] = []
+    for index, batch in enumerate(batches):
+        if index == 0:
+            sizes = rows()
+        yield pad_batch(batch, sizes[index])
+
+
+def pad_batch(batch: Any, rows: int) -> tuple:
+    """``(x, y, sample_weight, mask)``: the host batch ``batch`` (``x``, ``(x, y)`` or ``(x, y, sample_weight)``,
+    NumPy leaves) padded to ``rows`` rows with copies of its last row, sample weight 0 on them (1 where ``batch``
+    has none), and ``mask`` 1 on its real rows, 0 on the padding rows."""
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+    real = batch_rows(x)
+    extra = rows - real
+    if extra < 0:
+        raise ValueError(f"A minibatch of {real} rows cannot be padded to {rows} rows.")
+
+    def pad(a: Any) -> Any:
+        if a is None or extra == 0:
+            return a
+        a = np.asarray(a)
+        return np.concatenate([a, np.repeat(a[-1:], extra, axis=0)], axis=0)
+
+    def pad_weight(w: Any) -> Any:
+        w = np.asarray(w)
+        if extra == 0:
+            return w
+        return np.concatenate([w, np.zeros((extra, *w.shape[1:]), w.dtype)], axis=0)
+
+    if sample_weight is None:
+        sample_weight = np.ones((real,), np.float32)
+    mask = np.zeros((rows,), np.float32)
+    mask[:real] = 1.0
+    return (keras.tree.map_structure(pad, x), None if y is None else keras.tree.map_structure(pad, y),
+            keras.tree.map_structure(pad_weight, sample_weight), mask)
+
+
+def batch_rows(structure: Any) -> int:
+    """The leading dimension of the first leaf of ``structure`` (a batch)."""
+    return int(np.shape(next(leaf for leaf in keras.tree.flatten(structure) if leaf is not None))[0])
+
+
+def check(model: Any) -> None:
+    """Raises ValueError when padding would not be exact for ``model`` (built, compiled), naming why and what to do.
+
+    Called on JAX only, when training begins (the compiled losses are built then). Warns when some metric's
+    training value will include the padding rows."""
+    from kfit.distributed._evaluation import _defined_by_keras, training_metrics_split
+
+    fix = "Train without pad_remainders=True (each cut size then compiles once, ahead of its step)."
+    for method in ("train_step", "compute_loss", "compute_metrics"):
+        if not _defined_by_keras(model, method):
+            raise ValueError(
+                f"pad_remainders=True needs Keras's own {method}: {type(model).__name__} defines its own, which "
+                f"would see the padding rows. {fix}")
+    for name, reduction in _backend.loss_reductions(model):
+        if reduction not in EXACT_REDUCTIONS:
+            raise ValueError(
+                f"pad_remainders=True needs every loss reduced by one of {list(EXACT_REDUCTIONS)}; loss {name!r} has "
+                f"reduction={reduction!r}, for which the padding rows would change the loss. {fix}")
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            raise ValueError(
+                f"pad_remainders=True cannot pad for layer {layer.name!r} (BatchNormalization): its batch statistics "
+                f"would include the padding rows. {fix}")
+        if getattr(layer, "activity_regularizer", None) is not None:
+            raise ValueError(
+                f"pad_remainders=True cannot pad for layer {layer.name!r}: its activity regularizer is a mean over "
+                f"the rows, padding rows included. {fix}")
+    split = training_metrics_split(model)
+    if split is not None and split[1]:
+        import warnings
+
+        names = ", ".join(f"{m.name!r} ({type(m).__name__})" for m in split[1])
+        warnings.warn(f"pad_remainders=True: the state of metric {names} may not be a sum over samples, so its "
+                      f"training value includes the padding rows of a padded minibatch (the loss, the gradient and "
+                      f"the other metrics stay exact).", stacklevel=3)
+
+
+def install(model: Any) -> Callable[[], None]:
+    """Makes ``model.fit`` train ``model`` on padded batches (:func:`pad_batch`): Keras's own step, jitted as Keras
+    jits it, reads the row mask off each batch. Returns the function that undoes it (nothing of it stays on the
+    model)."""
+    from kfit.distributed._evaluation import training_metrics_split
+
+    ops = keras.ops
+    original_step = model.train_step
+
+    def train_step(*arguments: Any) -> Any:  # (state, data) on JAX
+        *state, data = arguments
+        *batch, mask = data
+        real = ops.sum(mask)
+        _STEP.real, _STEP.padding = real, ops.cast(ops.size(mask), real.dtype) - real
+        try:
+            return original_step(*state, tuple(batch))
+        finally:
+            _STEP.real = _STEP.padding = None
+
+    original_loss = model.compute_loss
+
+    def compute_loss(x: Any = None, y: Any = None, y_pred: Any = None, sample_weight: Any = None,
+                     training: bool = True) -> Any:
+        real = step_real_count()
+        if real is not None and sample_weight is not None:
+
+            def scaled(w: Any) -> Any:  # by rows / real: the loss's mean over the rows is the real rows' mean
+                return w * ops.cast(ops.divide(ops.cast(ops.shape(w)[0], real.dtype), real), w.dtype)
+
+            sample_weight = keras.tree.map_structure(scaled, sample_weight)
+        return original_loss(x, y, y_pred, sample_weight, training=training)
+
+    def counts_real_rows(tracker: Any) -> Callable:
+        original = tracker.update_state
+
+        def update_state(values: Any, sample_weight: Any = None) -> Any:
+            real = step_real_count()
+            return original(values, sample_weight=sample_weight if real is None else real)
+
+        return update_state
+
+    trackers = _backend.loss_trackers(model)
+    object.__setattr__(model, "train_step", train_step)
+    object.__setattr__(model, "compute_loss", compute_loss)
+    for tracker in trackers:
+        object.__setattr__(tracker, "update_state", counts_real_rows(tracker))
+    _backend.exclude_padding_from_metrics(model, step_padding, lambda: training_metrics_split(model),
+                                          tracker_count=False)
+    model.train_function = None
+
+    def uninstall() -> None:
+        for owner, name in ((model, "train_step"), (model, "compute_loss"), (model, "compute_metrics"),
+                            *((tracker, "update_state") for tracker in trackers)):
+            vars(owner).pop(name, None)
+        model.train_function = None
+
+    return uninstall
+
+
+__all__ = ["batch_rows", "check", "install", "pad_batch", "padded", "padded_rows", "step_padding", "step_real_count"]
