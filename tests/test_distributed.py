@@ -101,6 +101,14 @@ def test_workers_end_identical_and_equal_to_one_process_on_the_same_global_minib
 
 
 @pytest.mark.horovod
+def test_pad_remainders_is_refused_under_data_parallel_training(jobs):
+    (_, i0), (_, i1) = _results(jobs, "fit")
+    assert i0["pad_remainders"] == i1["pad_remainders"] == (
+        "Argument `pad_remainders` is for one-process training: under data-parallel training each worker trains its "
+        "share of the global minibatch. Received: pad_remainders=True")
+
+
+@pytest.mark.horovod
 def test_the_workers_shares_cover_every_sweep_exactly_once(jobs):
     (a0, _), (a1, _) = _results(jobs, "fit")
     positions = np.concatenate([a0["read_positions"], a1["read_positions"]])

@@ -96,6 +96,11 @@ def scenario_fit() -> None:
         "samples": kfit.get_clock(net).samples if kfit.get_clock(net) else None,
         "summaries": [s.samples for s in history.epoch_summaries],
     }
+    try:  # padding is for one process: refused on every worker alike, before anything trains
+        kfit.fit(net, x, y, pad_remainders=True, **common.fit_kwargs())
+        info["pad_remainders"] = "trained"
+    except ValueError as error:
+        info["pad_remainders"] = str(error)
     common.save(out("fit"), arrays, info)
 
 
