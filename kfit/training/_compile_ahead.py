@@ -133,6 +133,7 @@ class CompileAhead:
 
     def wait(self) -> None:
         """Waits until every size requested so far is compiled (or has failed)."""
+        self.after_steps()  # (the thread may wait for the trace training holds)
         if self._thread is not None:
             self._queue.join()
 
