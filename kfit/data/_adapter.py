@@ -134,9 +134,12 @@ class StreamAdapter(_backend.DataAdapter):
 
     def _start_reader(self, chain: _epochs_ahead.EpochChain, convert: Callable[[Any], Any]) -> Prefetcher:
         """The reader thread of ``chain``'s epochs: every minibatch, read ahead, through ``convert``."""
-        self._reader = Prefetcher(lambda start, size: convert(pack_batch(*self._read(start, size))),
-                                  chain.positions(), depth=self._prefetch)
+        self._reader = Prefetcher(self._packed(convert), chain.positions(), depth=self._prefetch)
         return self._reader
+
+    def _packed(self, convert: Callable[[Any], Any]) -> Callable[[int, int], Any]:
+        """``read(start, size)`` of a reader: the minibatch packed as Keras hands it, through ``convert``."""
+        return lambda start, size: convert(pack_batch(*self._read(start, size)))
 
     def _chained_batches(self, chain: _epochs_ahead.EpochChain, convert: Callable[[Any], Any]) -> Iterator[Any]:
         """Every minibatch of ``chain``'s epochs, for one tf.data iterator (its reader starts with it)."""
@@ -164,8 +167,7 @@ class StreamAdapter(_backend.DataAdapter):
             for start, size in plan:
                 yield self._reader.get(start, size)
             return
-        prefetcher = Prefetcher(lambda start, size: convert(pack_batch(*self._read(start, size))),
-                                iter(plan), depth=self._prefetch)
+        prefetcher = Prefetcher(self._packed(convert), iter(plan), depth=self._prefetch)
         self._prefetchers.append(prefetcher)
         try:
             for start, size in plan:

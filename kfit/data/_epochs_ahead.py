@@ -94,27 +94,26 @@ class EpochChain:
         """The same ``(start, size)`` as :meth:`positions`, on another thread: each epoch's once the thread
         running :meth:`positions` has read its plan."""
         index = 0
-        while True:
-            with self._changed:
-                self._changed.wait_for(lambda index=index: len(self._produced) > index or self._failed)
-                if len(self._produced) <= index:
-                    return  # the reader failed: its error reaches the trainer through the reader
-                plan = self._produced[index][1]
-            if not plan:
+        while produced := self._produced_epoch(index):  # None: the reader failed (its error reaches the trainer)
+            if not produced[1]:
                 return
-            yield from plan
+            yield from produced[1]
             index += 1
 
     def continues(self, reading: tuple[int, int], plan: list, timeout: float = WAIT_SECONDS) -> bool:
         """Whether the epoch beginning at clock ``reading`` with ``plan`` is the chain's next (main thread). Waits
         for the pipeline to read it ahead; False (start anew) if it read another, failed, or took too long."""
-        index = self.begun
-        with self._changed:
-            ready = self._changed.wait_for(lambda: len(self._produced) > index or self._failed, timeout)
-            if not ready or self._failed or self._produced[index] != (tuple(reading), list(plan)):
-                return False
+        if self._produced_epoch(self.begun, timeout) != (tuple(reading), list(plan)) or self._failed:
+            return False
         self.begun += 1
         return True
+
+    def _produced_epoch(self, index: int, timeout: float | None = None) -> tuple[tuple[int, int], list] | None:
+        """``(reading, plan)`` of the chain's epoch ``index`` once the reader has produced it; None if it failed
+        before, or ``timeout`` passed."""
+        with self._changed:
+            self._changed.wait_for(lambda: len(self._produced) > index or self._failed, timeout)
+            return self._produced[index] if len(self._produced) > index else None
 
 
 def gathered_dataset(tensors: Any, rows: Callable[[int, int], np.ndarray], plan_of: Callable[[int], list]) -> Any:

@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 #: What the train step being traced knows about this worker's share (set by an engine whose step pads the
-#: shares to one shape, see :meth:`Engine.train_step_function`): ``real``, the number of real samples of the
-#: share, and ``padding``, the number of padding rows after them (traced scalars), or None for neither.
+#: shares to one shape, see :meth:`Engine.train_step_function`, and by ``kfit.fit(pad_remainders=True)``'s step,
+#: ``kfit.training._padding``): ``real``, the number of real samples of the share, and ``padding``, the number of
+#: padding rows after them (traced scalars), or None for neither.
 STEP = threading.local()
 
 

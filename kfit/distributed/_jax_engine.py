@@ -285,7 +285,7 @@ class _ShardedStep:
         self._next = 0
 
         def body(state: Any, data: Any, real: Any) -> Any:
-            rows = _rows(data)
+            rows = batch_rows(data)
             _tracing.in_step = True
             _engine.STEP.real = real[0]
             _engine.STEP.padding = rows - real[0]
@@ -324,7 +324,7 @@ class _ShardedStep:
         (default: the run's ``clock.minibatch_size``)."""
         import jax
 
-        n = _rows(data)
+        n = batch_rows(data)
         total = total or self.global_minibatch()
         rows = -(-total // self.size) if total else n
         if total is None or not rows - 1 <= n <= rows:
@@ -356,15 +356,19 @@ class _ShardedStep:
         return jax.tree_util.tree_map(lambda a: a.addressable_data(0), (logs, state))
 
 
-def pad_share(data: Any, rows: int, weights: bool) -> Any:
+def pad_share(data: Any, rows: int, weights: bool, xp: Any = None) -> Any:
     """``data`` (``x``, ``(x, y)`` or ``(x, y, sample_weight)``) padded to ``rows`` rows with copies of its last
     row, whose sample weight is 0; with ``weights`` a batch without sample weights gets them (1 for real rows),
-    so that every worker's batch has the same structure."""
-    import jax.numpy as jnp
+    so that every worker's batch has the same structure. ``xp``: the array module (default ``jax.numpy``; NumPy
+    for host batches, ``kfit.training._padding``)."""
     import keras
 
-    n = _rows(data)
+    if xp is None:
+        import jax.numpy as xp
+    n = batch_rows(data)
     extra = rows - n
+    if extra < 0:
+        raise ValueError(f"A batch of {n} rows cannot be padded to {rows} rows.")
     if extra == 0 and not weights:
         return data
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -372,20 +376,21 @@ def pad_share(data: Any, rows: int, weights: bool) -> Any:
     def pad(a: Any) -> Any:
         if a is None or extra == 0:
             return a
-        return jnp.concatenate([a, jnp.repeat(a[-1:], extra, axis=0)], axis=0)
+        return xp.concatenate([a, xp.repeat(a[-1:], extra, axis=0)], axis=0)
+
+    def pad_weight(w: Any) -> Any:
+        w = xp.asarray(w)
+        return w if extra == 0 else xp.concatenate([w, xp.zeros((extra, *w.shape[1:]), w.dtype)], axis=0)
 
     x = keras.tree.map_structure(pad, x)
     y = keras.tree.map_structure(pad, y) if y is not None else None
     if sample_weight is None:
-        sample_weight = jnp.ones((n,), "float32")
-    sample_weight = jnp.asarray(sample_weight)
-    if extra:
-        sample_weight = jnp.concatenate(
-            [sample_weight, jnp.zeros((extra, *sample_weight.shape[1:]), sample_weight.dtype)], axis=0)
-    return (x, y, sample_weight)
+        sample_weight = xp.ones((n,), "float32")
+    return (x, y, keras.tree.map_structure(pad_weight, sample_weight))
 
 
-def _rows(data: Any) -> int:
+def batch_rows(data: Any) -> int:
+    """The rows of a batch: the leading dimension of its first leaf."""
     import keras
 
     leaf = next(leaf for leaf in keras.tree.flatten(data) if leaf is not None)

@@ -584,7 +584,8 @@ class _StreamFit:
             # epoch's compile meanwhile, in the background.
             ahead.seen(self.epoch_step_rows[:1])
             ahead.request(self.epoch_step_rows)
-            ahead.request(self.step_rows(self.plan_at(end, clock.minibatches + len(plan)), clock.minibatches + len(plan)))
+            following = clock.minibatches + len(plan)  # the next epoch's first minibatch
+            ahead.request(self.step_rows(self.plan_at(end, following), following))
         return plan
 
     def step_rows(self, plan: list, minibatches: int) -> list[int]:
@@ -623,8 +624,9 @@ class _StreamFit:
                                               self.stop_at)
         else:
             first_size = self.fixed_size or 1
-        first = pack_batch(*self.read(clock.samples % max(self.stream.num_samples, 1), max(first_size, workers)))
-        self.first_host = _padding.pad_batch(first, _padding.batch_rows(first)) if self.pads else first
+        rows = max(first_size, workers)
+        first = pack_batch(*self.read(clock.samples % max(self.stream.num_samples, 1), rows))
+        self.first_host = _padding.pad_batch(first, rows) if self.pads else first
         return adapter, PlanDriver(self.model, adapter), _backend.to_tensors(first), self.fixed_size or first_size
 
     def train(self) -> keras.callbacks.History:

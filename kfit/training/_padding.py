@@ -34,7 +34,6 @@ Example:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -42,23 +41,10 @@ import keras
 import numpy as np
 
 from kfit import _backend
+from kfit.distributed import _engine
 
 #: Reductions under which scaling the sample weights by ``p / r`` gives the loss of the ``r`` real rows.
 EXACT_REDUCTIONS = ("sum_over_batch_size", "mean_with_sample_weight")
-
-#: The step being traced: ``real``, its real rows, and ``padding``, its padding rows (traced scalars), or neither.
-_STEP = threading.local()
-
-
-def step_real_count() -> Any:
-    """The real rows of the padded step being traced (a traced scalar), or None."""
-    return getattr(_STEP, "real", None)
-
-
-def step_padding() -> Any:
-    """The padding rows of the padded step being traced (a traced scalar), or None."""
-    return getattr(_STEP, "padding", None)
-
 
 def padded_rows(plan: list[tuple[int, int]], minibatches: int, size_at: Callable[[int, int], int]) -> list[int]:
     """The rows each minibatch of an epoch's ``plan`` is handed to the step with: its scheduled size, ``size_at`` of
@@ -78,37 +64,15 @@ def padded(batches: Iterator[Any], rows: Callable[[], list[int]]) -> Iterator[An
 
 def pad_batch(batch: Any, rows: int) -> tuple:
     """``(x, y, sample_weight, mask)``: the host batch ``batch`` (``x``, ``(x, y)`` or ``(x, y, sample_weight)``,
-    NumPy leaves) padded to ``rows`` rows with copies of its last row, sample weight 0 on them (1 where ``batch``
-    has none), and ``mask`` 1 on its real rows, 0 on the padding rows."""
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-    real = batch_rows(x)
-    extra = rows - real
-    if extra < 0:
-        raise ValueError(f"A minibatch of {real} rows cannot be padded to {rows} rows.")
+    NumPy leaves) padded to ``rows`` rows as kfit's JAX engine pads a worker's share (``pad_share``: copies of its
+    last row, sample weight 0 on them, 1 where ``batch`` has none), and ``mask`` 1 on its real rows, 0 on the
+    padding rows."""
+    from kfit.distributed._jax_engine import batch_rows, pad_share
 
-    def pad(a: Any) -> Any:
-        if a is None or extra == 0:
-            return a
-        a = np.asarray(a)
-        return np.concatenate([a, np.repeat(a[-1:], extra, axis=0)], axis=0)
-
-    def pad_weight(w: Any) -> Any:
-        w = np.asarray(w)
-        if extra == 0:
-            return w
-        return np.concatenate([w, np.zeros((extra, *w.shape[1:]), w.dtype)], axis=0)
-
-    if sample_weight is None:
-        sample_weight = np.ones((real,), np.float32)
+    real = batch_rows(batch)
     mask = np.zeros((rows,), np.float32)
     mask[:real] = 1.0
-    return (keras.tree.map_structure(pad, x), None if y is None else keras.tree.map_structure(pad, y),
-            keras.tree.map_structure(pad_weight, sample_weight), mask)
-
-
-def batch_rows(structure: Any) -> int:
-    """The leading dimension of the first leaf of ``structure`` (a batch)."""
-    return int(np.shape(next(leaf for leaf in keras.tree.flatten(structure) if leaf is not None))[0])
+    return (*pad_share(batch, rows, weights=True, xp=np), mask)
 
 
 def check(model: Any) -> None:
@@ -161,17 +125,17 @@ def install(model: Any) -> Callable[[], None]:
         *state, data = arguments
         *batch, mask = data
         real = ops.sum(mask)
-        _STEP.real, _STEP.padding = real, ops.cast(ops.size(mask), real.dtype) - real
+        _engine.STEP.real, _engine.STEP.padding = real, ops.cast(ops.size(mask), real.dtype) - real
         try:
             return original_step(*state, tuple(batch))
         finally:
-            _STEP.real = _STEP.padding = None
+            _engine.STEP.real = _engine.STEP.padding = None
 
     original_loss = model.compute_loss
 
     def compute_loss(x: Any = None, y: Any = None, y_pred: Any = None, sample_weight: Any = None,
                      training: bool = True) -> Any:
-        real = step_real_count()
+        real = _engine.step_real_count()
         if real is not None and sample_weight is not None:
 
             def scaled(w: Any) -> Any:  # by rows / real: the loss's mean over the rows is the real rows' mean
@@ -184,7 +148,7 @@ def install(model: Any) -> Callable[[], None]:
         original = tracker.update_state
 
         def update_state(values: Any, sample_weight: Any = None) -> Any:
-            real = step_real_count()
+            real = _engine.step_real_count()
             return original(values, sample_weight=sample_weight if real is None else real)
 
         return update_state
@@ -194,7 +158,7 @@ def install(model: Any) -> Callable[[], None]:
     object.__setattr__(model, "compute_loss", compute_loss)
     for tracker in trackers:
         object.__setattr__(tracker, "update_state", counts_real_rows(tracker))
-    _backend.exclude_padding_from_metrics(model, step_padding, lambda: training_metrics_split(model),
+    _backend.exclude_padding_from_metrics(model, _engine.step_padding, lambda: training_metrics_split(model),
                                           tracker_count=False)
     model.train_function = None
 
@@ -207,4 +171,4 @@ def install(model: Any) -> Callable[[], None]:
     return uninstall
 
 
-__all__ = ["batch_rows", "check", "install", "pad_batch", "padded", "padded_rows", "step_padding", "step_real_count"]
+__all__ = ["check", "install", "pad_batch", "padded", "padded_rows"]
