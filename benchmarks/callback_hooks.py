@@ -7,6 +7,12 @@ an epoch), with no model step in between, so that only the hooks are timed: once
 of the medians is what the callbacks cost per step, to be set against a step's time (``benchmarks/overhead.py``:
 about 250 us on JAX at minibatch 64, the fastest step measured there).
 
+A second measure times the same hooks inside real ``model.fit`` calls (the small MLP of ``overhead.py`` at
+minibatch 64), where they run between train steps and find colder caches: ``CallbackList``'s
+``on_train_batch_begin`` and ``on_train_batch_end`` are timed at every step, the two sides alternating, one epoch
+per call. Its figure, the median per step, does not move with the machine's load as wall-clock epoch ratios do, and
+it is set against the median step (the epoch's time over its steps) as the share of a step the callbacks cost.
+
 Run:  python benchmarks/callback_hooks.py  [--repeats 9] [--backends jax] [--steps 4096]
 """
 
@@ -19,7 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import BACKENDS, run_per_backend, setup_threads  # noqa: E402
+from _common import BACKENDS, run_per_backend, setup_threads, small_mlp_task  # noqa: E402
 
 
 def measure(backend: str, repeats: int, steps: int) -> None:
@@ -63,6 +69,67 @@ def measure(backend: str, repeats: int, steps: int) -> None:
     print(f"hooks per step, median of {repeats}: model.fit's own (A) {a:.1f} us, with kfit's schedule callbacks (B) "
           f"{b:.1f} us; kfit adds {b - a:.1f} us per step", flush=True)
     print(f"HOOKS {backend} A={a:.1f} B={b:.1f} added={b - a:.1f}", flush=True)
+    in_fit(repeats)
+
+
+def in_fit(repeats: int, batch: int = 64, samples: int = 16384) -> None:
+    """Times ``CallbackList``'s batch hooks at every step of real ``model.fit`` calls, with and without kfit's
+    schedule callbacks (alternating, one model each, one epoch per call)."""
+    from keras.src.callbacks.callback_list import CallbackList  # the class model.fit builds (Keras internal)
+
+    import kfit
+
+    x, y, make_model = small_mlp_task(samples)
+    per_step: list[float] = []
+    originals = {hook: getattr(CallbackList, hook) for hook in ("on_train_batch_begin", "on_train_batch_end")}
+
+    def timed(hook):
+        def wrapper(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return hook(self, *args, **kwargs)
+            finally:
+                per_step.append(time.perf_counter() - start)
+        return wrapper
+
+    def call(model, with_kfit: bool) -> tuple[float, float]:
+        callbacks = [kfit.callbacks.SampleClock(batch_size=batch, num_samples=samples),
+                     kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(1e-4)),
+                     kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant(1024))] if with_kfit else []
+        per_step.clear()
+        start = time.perf_counter()
+        model.fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=callbacks)
+        elapsed = time.perf_counter() - start
+        steps = len(per_step) // 2
+        hooks = [per_step[2 * i] + per_step[2 * i + 1] for i in range(steps)]
+        return statistics.median(hooks) * 1e6, elapsed / steps * 1e6
+
+    models = {False: make_model(), True: make_model()}
+    try:
+        for hook, original in originals.items():
+            setattr(CallbackList, hook, timed(original))
+        for with_kfit in (False, True):
+            call(models[with_kfit], with_kfit)  # compile and warm up
+        results: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        for round_ in range(repeats):
+            for with_kfit in ((False, True) if round_ % 2 == 0 else (True, False)):
+                results[with_kfit].append(call(models[with_kfit], with_kfit))
+    finally:
+        for hook, original in originals.items():
+            setattr(CallbackList, hook, original)
+    a = statistics.median(r[0] for r in results[False])
+    b = statistics.median(r[0] for r in results[True])
+    step = statistics.median(r[1] for r in results[False])
+    print(f"inside model.fit (minibatch {batch}, median of {repeats} one-epoch calls): hooks per step A {a:.1f} us, "
+          f"B {b:.1f} us; kfit adds {b - a:.1f} us, {100 * (b - a) / step:.1f}% of a {step:.0f} us step "
+          f"(throughput ratio at most {step / (step + b - a):.3f} from the hooks)", flush=True)
+    print(f"IN_FIT {backend_name()} A={a:.1f} B={b:.1f} added={b - a:.1f} step={step:.0f}", flush=True)
+
+
+def backend_name() -> str:
+    import keras
+
+    return keras.backend.backend()
 
 
 def main() -> int:

@@ -11,7 +11,8 @@ epochs each:
   data adapter, kfit's clock and plan).
 
 After one warm-up call per side, each round runs the three sides once, in an order that rotates from round to
-round (no side always runs first), so drift of the machine hits all sides alike. A timing callback, the last
+round (no side always runs first), so drift of the machine hits all sides alike; the three models (built alike)
+rotate between the sides too, so that no side keeps a model that happens to be faster. A timing callback, the last
 callback of every side, notes when each epoch begins and ends (it has no batch hooks, so Keras keeps its
 asynchronous dispatch of batch ends, as in a plain ``fit``). Two figures per side, each compared between A and
 B (the ratio is A / B: 1.00 = as fast; the target of issue #10 is >= 0.98 on every backend, at both sizes):
@@ -75,15 +76,18 @@ def measure(backend: str, repeats: int, samples: int, epochs: int) -> None:
                                                                    verbose=0, callbacks=[cb]),
         }
         names = list(runs)
-        models = {name: make_model() for name in runs}
-        for name, run in runs.items():  # compile and warm up
-            run(models[name], Timer())
+        # One model per side, handed round: in round r side i trains model (i + r) % 3. Identical models are not
+        # equally fast (plain model.fit on three of them measured 1.00-1.03 against the first), so a side that
+        # kept its model would carry that model's bias.
+        models = [make_model() for _ in runs]
+        for index, run in enumerate(runs.values()):  # compile and warm up
+            run(models[index], Timer())
         parts: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
         for round_ in range(repeats):
             for name in names[round_ % 3:] + names[:round_ % 3]:
                 timer = Timer()
                 start = time.perf_counter()
-                runs[name](models[name], timer)
+                runs[name](models[(names.index(name) + round_) % len(models)], timer)
                 parts[name].append(_parts(timer.epochs, time.perf_counter() - start))
         reference = parts["model.fit"]
         for name in names[1:]:

@@ -243,11 +243,14 @@ class StepDriver:
 
     def batch_begin(self, clock: Clock, batch: int) -> bool:
         """Plans step ``batch``; False when there is no such step (Keras asks for one more step before it finds
-        that the epoch's data has ended)."""
-        if self.pending is not None:
+        that the epoch's data has ended). A kfit callback that finds ``pending_batch == batch`` need not call it:
+        another one already planned the step."""
+        pending = self.pending
+        if pending is not None:
             if self.pending_batch == batch:
-                return True  # another kfit callback already planned this step
-            self.flush(clock)  # the previous step finished and no batch-end hook counted it
+                return True
+            self.pending = self.pending_batch = None  # the previous step finished, no batch-end hook counted it:
+            self.count(clock, pending)  # flush() inlined (every step under plain model.fit)
         sizes = self.sizes(clock, batch)
         if not sizes:
             return sizes is not None

@@ -71,6 +71,7 @@ class KfitCallback(keras.callbacks.Callback):
     """
 
     default_name = "callback"
+    _steps_begin = False  # whether on_step_begin does anything (set by set_model: every step reads it)
     #: True when the callback needs kfit.fit's data stream (it cannot work under plain model.fit).
     needs_stream = False
     #: kfit.fit calls callbacks in increasing ``order`` (stable): cross-validation (-10) before the
@@ -105,6 +106,7 @@ class KfitCallback(keras.callbacks.Callback):
     def set_model(self, model: Any) -> None:
         super().set_model(model)
         self._run = _run.join(model, self)
+        self._steps_begin = getattr(self.on_step_begin, "__func__", None) is not KfitCallback.on_step_begin
         if self._run.loop is None:  # no kfit loop drives this run: plain model.fit's
             self._run.loop = ModelFitLoop()
 
@@ -124,11 +126,13 @@ class KfitCallback(keras.callbacks.Callback):
 
     # -- hooks -----------------------------------------------------------------------------------
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        run = self._run  # every step: no property lookups on this path
+        # Every step, on every kfit callback: no property lookups or calls that can be avoided on this path.
+        run = self._run
         clock, driver = run.clock or self.clock, run.driver
-        if driver is not None and driver.batch_begin(clock, batch) is False:
+        if driver is not None and driver.pending_batch != batch and driver.batch_begin(clock, batch) is False:
             return  # the epoch's data ended: Keras finds no step to run
-        self.on_step_begin(clock)
+        if self._steps_begin:
+            self.on_step_begin(clock)
 
     def _dispatch_step_end(self, batch: int, logs: dict | None = None) -> None:
         run = self._run

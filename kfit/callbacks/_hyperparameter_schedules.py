@@ -48,6 +48,9 @@ class _HyperparameterSchedule(KfitCallback):
         # (schedule, scheduled value, minibatch size, value for the optimizer).
         self._segment: tuple | None = None
         self._converted: tuple | None = None
+        # (size, samples from, samples until, minibatches from, minibatches until): the steps on which
+        # on_step_begin has nothing to do (same size, same value, nothing new to apply, log or publish).
+        self._unchanged: tuple | None = None
 
     def _coerce(self, schedule: Any, argument: str) -> Any:
         raise NotImplementedError
@@ -88,6 +91,7 @@ class _HyperparameterSchedule(KfitCallback):
         self._applied = None  # apply at the next step even if the value happens to be equal
         self._published = None
         self._segment = None
+        self._unchanged = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         optimizer = getattr(self._model, "optimizer", None)
@@ -96,6 +100,7 @@ class _HyperparameterSchedule(KfitCallback):
         self._variable = self._target_variable(optimizer)
         self._applied = None
         self._segment = None
+        self._unchanged = None
         self._published = None
         self._logged = None
         self._logged_size = None
@@ -110,10 +115,13 @@ class _HyperparameterSchedule(KfitCallback):
         return samples, min(until_s + s0, next_reset), minibatches, until_m + m0, schedule, scheduled
 
     def on_step_begin(self, clock: Clock) -> None:
-        size = clock.minibatch_size
+        size, samples, minibatches = clock.minibatch_size, clock.samples, clock.minibatches
+        unchanged = self._unchanged
+        if (unchanged is not None and size == unchanged[0] and unchanged[1] <= samples < unchanged[2]
+                and unchanged[3] <= minibatches < unchanged[4]):
+            return  # most steps: the value, the minibatch size and what was applied and logged are the last step's
         if size is None:
             raise RuntimeError(f"{type(self).__name__}: the clock does not know the size of the next minibatch.")
-        samples, minibatches = clock.samples, clock.minibatches
         segment = self._segment
         if segment is None or not (segment[0] <= samples < segment[1] and segment[2] <= minibatches < segment[3]):
             segment = self._segment = self._segment_at(samples, minibatches)
@@ -134,6 +142,9 @@ class _HyperparameterSchedule(KfitCallback):
             # halve exactly when the minibatch doubles, leaving the applied rate unchanged).
             self._published = (value, scheduled)
             self.publish("on_hyperparameter_change", self.log_key, value, scheduled, schedule.unit)
+        # A step of the same size in the same segment repeats this one, unless this one was logged apart (cut).
+        logged_here = self._logged == value and self._logged_size == size
+        self._unchanged = (size, segment[0], segment[1], segment[2], segment[3]) if logged_here else None
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is not None and self._logged is not None:
@@ -155,6 +166,7 @@ class _HyperparameterSchedule(KfitCallback):
         ]
         self._applied = None
         self._segment = None
+        self._unchanged = None
         logged = state.get("logged")
         self._logged, self._logged_size = (None, None) if logged is None else (float(logged[0]), int(logged[1]))
 

@@ -118,7 +118,7 @@ class FitDriver(StepDriver):
         self.num_samples = num_samples
 
     def sizes(self, clock: Clock, batch: int) -> list[int]:
-        size = self.batch_size
-        if self.num_samples is not None and clock.epoch_size:
-            size = min(size, clock.epoch_end() - clock.samples)
+        size, epoch_size = self.batch_size, clock.epoch_size
+        if self.num_samples is not None and epoch_size:  # (every step: clock.epoch_end() inlined)
+            size = min(size, epoch_size - clock.samples % epoch_size)
         return [size]
