@@ -219,7 +219,7 @@ class StepDriver:
 
     Subclasses say what a step trains: :meth:`sizes` (the global minibatch sizes of the steps that Keras's
     step ``batch`` runs, more than one with ``steps_per_execution``) and, when a size is only known once the
-    step has run, :meth:`count`.
+    step has run, :meth:`count` (or, on a path that runs every step, :meth:`batch_begin` itself: ``FitDriver``).
     """
 
     #: Minibatch sizes come from kfit's plan (a minibatch-size schedule works).

@@ -128,11 +128,11 @@ class KfitCallback(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         # Every step, on every kfit callback: no property lookups or calls that can be avoided on this path.
         run = self._run
-        clock, driver = run.clock or self.clock, run.driver
-        if driver is not None and driver.pending_batch != batch and driver.batch_begin(clock, batch) is False:
+        driver = run.driver
+        if driver is not None and driver.pending_batch != batch and driver.batch_begin(run.clock or self.clock, batch) is False:
             return  # the epoch's data ended: Keras finds no step to run
         if self._steps_begin:
-            self.on_step_begin(clock)
+            self.on_step_begin(run.clock or self.clock)
 
     def _dispatch_step_end(self, batch: int, logs: dict | None = None) -> None:
         run = self._run
