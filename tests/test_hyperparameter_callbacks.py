@@ -86,6 +86,29 @@ def test_plain_model_fit_with_schedule_callbacks_trains_like_kfit_fit():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+def test_a_subclass_step_hook_runs_at_every_step_while_the_value_holds(loop):
+    """A schedule's own work is skipped on the steps where its value holds; a subclass's ``on_step_begin`` is not:
+    it runs before every step, at the clock reading and minibatch size of that step."""
+    x, y = regression_data(50)
+    model = mlp()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    seen = []
+
+    class Noted(kfit.callbacks.LearningRateSchedule):
+        def on_step_begin(self, clock):
+            super().on_step_begin(clock)
+            seen.append((clock.samples, clock.minibatch_size))
+
+    schedule = Noted(kfit.schedules.learning_rate_per_sample(0.01))
+    if loop == "model.fit":  # the clock's callback first: it plans each step, the schedule's fast path applies
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=50), schedule])
+    else:
+        kfit.fit(model, x, y, minibatch_size=16, epochs=2, shuffle=False, seed=0, verbose=0, callbacks=[schedule])
+    assert seen == [(0, 16), (16, 16), (32, 16), (48, 2), (50, 16), (66, 16), (82, 16), (98, 2)]
+
+
 def test_a_per_sample_rate_means_the_same_at_any_minibatch_size():
     """One epoch with lr_s at minibatch 1 and the same data in one minibatch of 8: the summed-gradient update."""
     x, y = regression_data(8, seed=6)

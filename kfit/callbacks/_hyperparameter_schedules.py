@@ -114,11 +114,16 @@ class _HyperparameterSchedule(KfitCallback):
         next_reset = min((r[0] for r in self._resets if r[0] > samples), default=math.inf)
         return samples, min(until_s + s0, next_reset), minibatches, until_m + m0, schedule, scheduled
 
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        # The batch hook below skips on_step_begin where the value holds, unless a subclass has its own.
+        self._skips_steps = getattr(self.on_step_begin, "__func__", None) is _HyperparameterSchedule.on_step_begin
+
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         # Most steps, when another kfit callback (the clock's) has planned the step: on_step_begin's first test
         # made here, saving a call at every step.
         unchanged, run = self._unchanged, self._run
-        if unchanged is not None and run.driver is not None and run.driver.pending_batch == batch:
+        if unchanged is not None and self._skips_steps and run.driver is not None and run.driver.pending_batch == batch:
             clock = run.clock
             if (clock.minibatch_size == unchanged[0] and unchanged[1] <= clock.samples < unchanged[2]
                     and unchanged[3] <= clock.minibatches < unchanged[4]):
