@@ -9,9 +9,11 @@ about 250 us on JAX at minibatch 64, the fastest step measured there).
 
 A second measure times the same hooks inside real ``model.fit`` calls (the small MLP of ``overhead.py`` at
 minibatch 64), where they run between train steps and find colder caches: ``CallbackList``'s
-``on_train_batch_begin`` and ``on_train_batch_end`` are timed at every step, the two sides alternating, one epoch
-per call. Its figure, the median per step, does not move with the machine's load as wall-clock epoch ratios do, and
-it is set against the median step (the epoch's time over its steps) as the share of a step the callbacks cost.
+``on_train_batch_begin`` and ``on_train_batch_end`` are timed at every step, and each step's wall time (from its
+begin hook to the next step's), for three sides in rotating order, one epoch per call: no callback, three Keras
+callbacks that do nothing (what any three callbacks cost Keras's loop), and kfit's three. The hooks' median per step
+does not move with the machine's load as wall-clock epoch ratios do; it is set against the median step as the share
+of a step the callbacks cost.
 
 Run:  python benchmarks/callback_hooks.py  [--repeats 9] [--backends jax] [--steps 4096]
 """
@@ -73,14 +75,17 @@ def measure(backend: str, repeats: int, steps: int) -> None:
 
 
 def in_fit(repeats: int, batch: int = 64, samples: int = 16384) -> None:
-    """Times ``CallbackList``'s batch hooks at every step of real ``model.fit`` calls, with and without kfit's
-    schedule callbacks (alternating, one model each, one epoch per call)."""
+    """Times ``CallbackList``'s batch hooks at every step of real ``model.fit`` calls, and the steps themselves, for
+    three sides: no callback, three Keras callbacks that do nothing (the floor that any three callbacks pay), and kfit's
+    three schedule callbacks. One epoch per call; the order of the sides and their models rotate from round to round."""
+    import keras
     from keras.src.callbacks.callback_list import CallbackList  # the class model.fit builds (Keras internal)
 
     import kfit
 
     x, y, make_model = small_mlp_task(samples)
-    per_step: list[float] = []
+    hook_times: list[float] = []
+    step_starts: list[float] = []
     originals = {hook: getattr(CallbackList, hook) for hook in ("on_train_batch_begin", "on_train_batch_end")}
 
     def timed(hook):
@@ -89,41 +94,61 @@ def in_fit(repeats: int, batch: int = 64, samples: int = 16384) -> None:
             try:
                 return hook(self, *args, **kwargs)
             finally:
-                per_step.append(time.perf_counter() - start)
+                hook_times.append(time.perf_counter() - start)
+                if hook.__name__ == "on_train_batch_begin":
+                    step_starts.append(start)
         return wrapper
 
-    def call(model, with_kfit: bool) -> tuple[float, float]:
-        callbacks = [kfit.callbacks.SampleClock(batch_size=batch, num_samples=samples),
-                     kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(1e-4)),
-                     kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant(1024))] if with_kfit else []
-        per_step.clear()
-        start = time.perf_counter()
-        model.fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=callbacks)
-        elapsed = time.perf_counter() - start
-        steps = len(per_step) // 2
-        hooks = [per_step[2 * i] + per_step[2 * i + 1] for i in range(steps)]
-        return statistics.median(hooks) * 1e6, elapsed / steps * 1e6
+    class DoNothing(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            pass
 
-    models = {False: make_model(), True: make_model()}
+    sides = {
+        "model.fit": lambda: [],
+        "3 no-op Keras callbacks": lambda: [DoNothing(), DoNothing(), DoNothing()],
+        "kfit's 3 schedule callbacks": lambda: [
+            kfit.callbacks.SampleClock(batch_size=batch, num_samples=samples),
+            kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(1e-4)),
+            kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant(1024))],
+    }
+    names = list(sides)
+
+    def call(model, name: str) -> tuple[float, float]:
+        """(median hooks per step, median time from one step's begin hook to the next's), in us."""
+        hook_times.clear()
+        step_starts.clear()
+        model.fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=sides[name]())
+        hooks = [hook_times[2 * i] + hook_times[2 * i + 1] for i in range(len(hook_times) // 2)]
+        steps = [b - a for a, b in zip(step_starts, step_starts[1:])]
+        return statistics.median(hooks) * 1e6, statistics.median(steps) * 1e6
+
+    models = [make_model() for _ in names]
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     try:
         for hook, original in originals.items():
             setattr(CallbackList, hook, timed(original))
-        for with_kfit in (False, True):
-            call(models[with_kfit], with_kfit)  # compile and warm up
-        results: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        for model, name in zip(models, names):
+            call(model, name)  # compile and warm up
         for round_ in range(repeats):
-            for with_kfit in ((False, True) if round_ % 2 == 0 else (True, False)):
-                results[with_kfit].append(call(models[with_kfit], with_kfit))
+            for i in range(len(names)):
+                name = names[(i + round_) % len(names)]
+                results[name].append(call(models[(names.index(name) + round_) % len(models)], name))
     finally:
         for hook, original in originals.items():
             setattr(CallbackList, hook, original)
-    a = statistics.median(r[0] for r in results[False])
-    b = statistics.median(r[0] for r in results[True])
-    step = statistics.median(r[1] for r in results[False])
-    print(f"inside model.fit (minibatch {batch}, median of {repeats} one-epoch calls): hooks per step A {a:.1f} us, "
-          f"B {b:.1f} us; kfit adds {b - a:.1f} us, {100 * (b - a) / step:.1f}% of a {step:.0f} us step "
-          f"(throughput ratio at most {step / (step + b - a):.3f} from the hooks)", flush=True)
-    print(f"IN_FIT {backend_name()} A={a:.1f} B={b:.1f} added={b - a:.1f} step={step:.0f}", flush=True)
+    hooks = {name: statistics.median(r[0] for r in results[name]) for name in names}
+    steps = {name: statistics.median(r[1] for r in results[name]) for name in names}
+    base = names[0]
+    print(f"inside model.fit (minibatch {batch}, median of {repeats} one-epoch calls per side):", flush=True)
+    for name in names:
+        print(f"  {name:28s} hooks per step {hooks[name]:5.1f} us (+{hooks[name] - hooks[base]:.1f}), "
+              f"step {steps[name]:6.0f} us (+{steps[name] - steps[base]:.1f})", flush=True)
+    added = hooks[names[2]] - hooks[base]
+    print(f"  kfit's hooks: {100 * added / steps[base]:.1f}% of a step (throughput ratio at most "
+          f"{steps[base] / (steps[base] + added):.3f} from the hooks)", flush=True)
+    print(f"IN_FIT {backend_name()} A={hooks[base]:.1f} NOOP={hooks[names[1]]:.1f} B={hooks[names[2]]:.1f} "
+          f"added={added:.1f} step={steps[base]:.0f} stepNOOP={steps[names[1]]:.0f} stepB={steps[names[2]]:.0f}",
+          flush=True)
 
 
 def backend_name() -> str:
