@@ -109,6 +109,39 @@ def test_a_subclass_step_hook_runs_at_every_step_while_the_value_holds(loop):
     assert seen == [(0, 16), (16, 16), (32, 16), (48, 2), (50, 16), (66, 16), (82, 16), (98, 2)]
 
 
+@pytest.mark.parametrize("case", ["boundary_mid_epoch", "boundary_in_minibatches", "reset_from_a_keras_callback"])
+def test_a_schedule_after_the_clock_applies_every_change_on_time(case):
+    """Placed after the SampleClock, a schedule whose value holds is not even called at most steps under plain
+    model.fit; a boundary of the schedule, a cut minibatch and a reset made by a Keras callback between the two still
+    reach the optimizer at the step where they fall."""
+    x, y = regression_data(95)
+    model = mlp()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse", metrics=[BatchSamples()])
+    lr = {"boundary_mid_epoch": kfit.schedules.learning_rate_per_sample([0.01, 0.005], epoch_size=30),
+          "boundary_in_minibatches": kfit.schedules.learning_rate_per_minibatch([0.1] * 6 + [0.05]),
+          "reset_from_a_keras_callback": kfit.schedules.learning_rate_per_sample(0.01)}[case]
+    schedule = kfit.callbacks.LearningRateSchedule(lr)
+
+    class ResetAt50(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if case == "reset_from_a_keras_callback" and schedule.clock.samples == 50:
+                schedule.reset_learning_rate(0.002)
+
+    recorder = StepRecorder()
+    model.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0,
+              callbacks=[kfit.callbacks.SampleClock(batch_size=10, num_samples=95), ResetAt50(), schedule, recorder])
+    sizes = [10] * 9 + [5]
+    assert [r["size"] for r in recorder.rows] == sizes * 2
+    samples, expected = 0, []
+    for minibatches, size in enumerate(sizes * 2):
+        if case == "reset_from_a_keras_callback":
+            expected.append((0.01 if samples < 50 else 0.002) * size)
+        else:
+            expected.append(lr.for_minibatch(samples, minibatches, size))
+        samples += size
+    assert [r["learning_rate"] for r in recorder.rows] == pytest.approx(expected, rel=1e-6)
+
+
 def test_a_per_sample_rate_means_the_same_at_any_minibatch_size():
     """One epoch with lr_s at minibatch 1 and the same data in one minibatch of 8: the summed-gradient update."""
     x, y = regression_data(8, seed=6)

@@ -7,6 +7,7 @@ from typing import Any
 
 from kfit import _backend
 from kfit.callbacks._base import KfitCallback
+from kfit.callbacks._model_fit import FitDriver, wake
 from kfit.callbacks._running_means import is_cut
 from kfit.clock import Clock
 
@@ -92,8 +93,10 @@ class _HyperparameterSchedule(KfitCallback):
         self._published = None
         self._segment = None
         self._unchanged = None
+        wake(self)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        wake(self)  # a run that ended without on_train_end may have left the hook asleep
         optimizer = getattr(self._model, "optimizer", None)
         if optimizer is None:
             raise ValueError(f"{type(self).__name__} needs a compiled model with an optimizer.")
@@ -121,12 +124,16 @@ class _HyperparameterSchedule(KfitCallback):
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         # Most steps, when another kfit callback (the clock's) has planned the step: on_step_begin's first test
-        # made here, saving a call at every step.
+        # made here, saving a call at every step; under plain model.fit the hook then sleeps until the value can
+        # change (FitDriver.sleep), and Keras calls a no-op instead.
         unchanged, run = self._unchanged, self._run
-        if unchanged is not None and self._skips_steps and run.driver is not None and run.driver.pending_batch == batch:
+        driver = run.driver
+        if unchanged is not None and self._skips_steps and driver is not None and driver.pending_batch == batch:
             clock = run.clock
             if (clock.minibatch_size == unchanged[0] and unchanged[1] <= clock.samples < unchanged[2]
                     and unchanged[3] <= clock.minibatches < unchanged[4]):
+                if isinstance(driver, FitDriver):
+                    driver.sleep(self, unchanged[0], unchanged[2], unchanged[4])
                 return
         super().on_train_batch_begin(batch, logs)
 
@@ -166,6 +173,9 @@ class _HyperparameterSchedule(KfitCallback):
         if logs is not None and self._logged is not None:
             logs[self.log_key] = self._logged
 
+    def on_train_end(self, logs: dict | None = None) -> None:
+        wake(self)
+
     def get_state(self) -> dict[str, Any]:
         return {
             "resets": [
@@ -183,6 +193,7 @@ class _HyperparameterSchedule(KfitCallback):
         self._applied = None
         self._segment = None
         self._unchanged = None
+        wake(self)
         logged = state.get("logged")
         self._logged, self._logged_size = (None, None) if logged is None else (float(logged[0]), int(logged[1]))
 

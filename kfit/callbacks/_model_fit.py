@@ -117,6 +117,26 @@ class FitDriver(StepDriver):
         self.batch_size = batch_size
         self.num_samples = num_samples
         self._full = [batch_size]  # the pending sizes of a full step (read, never changed)
+        self.sleepers: list = []
+        self.wake_at: tuple | None = None
+
+    def sleep(self, callback: Any, size: int, samples_until: float, minibatches_until: float) -> None:
+        """Turns ``callback``'s batch-begin hook off while the steps are of ``size`` and the clock is below
+        ``samples_until`` and ``minibatches_until`` (a schedule whose value holds there, placed after the kfit callback
+        that plans each step): at the first step outside, :meth:`batch_begin` turns every sleeper's hook back on before
+        Keras calls it. Keras then calls a no-op function instead, which costs a step less than the hook's own test."""
+        callback.on_train_batch_begin = _asleep
+        self.sleepers.append(callback)
+        wake_at = self.wake_at
+        self.wake_at = (size, samples_until, minibatches_until) if wake_at is None else (
+            size, min(wake_at[1], samples_until), min(wake_at[2], minibatches_until))
+
+    def wake(self) -> None:
+        """Turns every sleeper's batch-begin hook back on."""
+        for callback in self.sleepers:
+            wake(callback)
+        self.sleepers = []
+        self.wake_at = None
 
     def batch_begin(self, clock: Clock, batch: int) -> bool:
         # StepDriver.batch_begin written out for one size per step, without calls: this runs at every step of
@@ -137,4 +157,17 @@ class FitDriver(StepDriver):
             _run.apply_minibatch_size(self.model, size)
             self.applied = size
         self.pending, self.pending_batch = self._full if size == self.batch_size else [size], batch
+        wake_at = self.wake_at
+        if wake_at is not None and (size != wake_at[0] or clock.samples >= wake_at[1] or clock.minibatches >= wake_at[2]):
+            self.wake()
         return True
+
+
+def _asleep(batch: int, logs: dict | None = None) -> None:
+    """The batch-begin hook of a callback that :meth:`FitDriver.sleep` turned off."""
+
+
+def wake(callback: Any) -> None:
+    """Turns ``callback``'s batch-begin hook back on, if :meth:`FitDriver.sleep` turned it off."""
+    if callback.__dict__.get("on_train_batch_begin") is _asleep:
+        del callback.__dict__["on_train_batch_begin"]
