@@ -123,8 +123,8 @@ class FitDriver(StepDriver):
     def sleep(self, callback: Any, size: int, samples_until: float, minibatches_until: float) -> None:
         """Turns ``callback``'s batch-begin hook off while the steps are of ``size`` and the clock is below
         ``samples_until`` and ``minibatches_until`` (a schedule whose value holds there, placed after the kfit callback
-        that plans each step): at the first step outside, :meth:`batch_begin` turns every sleeper's hook back on before
-        Keras calls it. Keras then calls a no-op function instead, which costs a step less than the hook's own test."""
+        that plans each step): Keras calls a no-op function in its place, cheaper than the hook's own test. At the
+        first step outside, :meth:`batch_begin` turns every sleeper's hook back on before Keras calls it."""
         callback.on_train_batch_begin = _asleep
         self.sleepers.append(callback)
         wake_at = self.wake_at
