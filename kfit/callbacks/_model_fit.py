@@ -131,7 +131,7 @@ class FitDriver(StepDriver):
         self.wake_at = (size, samples_until, minibatches_until) if wake_at is None else (
             size, min(wake_at[1], samples_until), min(wake_at[2], minibatches_until))
 
-    def wake(self) -> None:
+    def wake_sleepers(self) -> None:
         """Turns every sleeper's batch-begin hook back on."""
         for callback in self.sleepers:
             wake(callback)
@@ -159,7 +159,7 @@ class FitDriver(StepDriver):
         self.pending, self.pending_batch = self._full if size == self.batch_size else [size], batch
         wake_at = self.wake_at
         if wake_at is not None and (size != wake_at[0] or clock.samples >= wake_at[1] or clock.minibatches >= wake_at[2]):
-            self.wake()
+            self.wake_sleepers()
         return True
 
 
