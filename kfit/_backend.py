@@ -181,7 +181,8 @@ def replace_train_function(model: Any, make_step: Callable[[Any], Callable]) -> 
 def exclude_padding_from_metrics(model: Any, padding: Callable[[], Any],
                                  metrics_split: Callable[[], tuple[list, list] | None],
                                  tracker_count: bool = True) -> None:
-    """Takes padding rows out of the training metrics of a step that trains on a padded batch (JAX engine).
+    """Takes padding rows out of the training metrics of a step that trains on a padded batch (JAX engine,
+    ``pad_remainders``).
 
     ``padding()`` gives, while a step is traced, the number of padding rows at the end of the batch (a traced
     scalar: rows that are copies of the batch's last real row, with sample weight 0), else None. Keras's JAX
@@ -213,7 +214,8 @@ def exclude_padding_from_metrics(model: Any, padding: Callable[[], Any],
         additive, other = split
         corrected = [v for m in additive for v in m.variables]
         kept = [v for m in other for v in m.variables]
-        after = [v.value for v in corrected + kept]
+        snapshot = lambda v: ops.copy(v.value)  # noqa: E731 (TensorFlow: a read of the value, not the variable)
+        after = [snapshot(v) for v in corrected + kept]
 
         def last(structure: Any) -> Any:
             return keras.tree.map_structure(lambda a: None if a is None else a[-1:], structure)
@@ -221,7 +223,7 @@ def exclude_padding_from_metrics(model: Any, padding: Callable[[], Any],
         if corrected:
             original(last(x), last(y), last(y_pred), last(sample_weight))
         for variable, value in zip(corrected, after):
-            once_more = variable.value
+            once_more = snapshot(variable)
             variable.assign(value - ops.cast(pad, variable.dtype) * (once_more - value))
         for variable, value in zip(kept, after[len(corrected):]):
             variable.assign(value)
@@ -237,6 +239,14 @@ def loss_trackers(model: Any) -> list:
     compile_loss = getattr(model, "_compile_loss", None)
     trackers = [getattr(model, "_loss_tracker", None), *(getattr(compile_loss, "metrics", None) or [])]
     return [t for t in trackers if t is not None]
+
+
+def layers_that_added_losses(model: Any) -> list:
+    """The layers of ``model`` (itself included) that added a loss with ``add_loss`` in the forward pass just run or
+    traced (an activity regularizer is one): Keras keeps their ids (``_loss_ids``: JAX's stateless trace) or the
+    losses themselves (``_losses``) until the next call. Keras internals, checked against Keras 3.15."""
+    return [layer for layer in model._flatten_layers(include_self=True)
+            if getattr(layer, "_loss_ids", None) or getattr(layer, "_losses", None)]
 
 
 def loss_reductions(model: Any) -> list[tuple[str, str | None]]:

@@ -58,16 +58,19 @@ class StreamAdapter(_backend.DataAdapter):
             ``fit`` call, reading each next epoch's plan and first minibatches ahead (``kfit.data._epochs_ahead``):
             with ``rows`` on TensorFlow one ``tf.data`` iterator, else (``prefetch`` > 0) one reader thread.
             ``KFIT_READ_AHEAD=0`` in the environment turns that off.
-        pad: JAX only: ``pad(batches)`` gives the batches of an epoch as the step is handed them (padded, with
-            sample weights and a row mask: ``kfit.training._padding.padded``).
+        pad: for a step compiled per shape (JAX; TensorFlow with ``jit_compile=True``), what pads each minibatch to
+            the rows the step is handed it with (``kfit.training._padding.Padding``: ``pad.rows(plan, minibatches)``
+            for the minibatches of an epoch's plan, ``pad.batch(batch, rows)``). The batches then carry sample
+            weights and a row mask; on TensorFlow over data in memory ``tf.data`` pads them itself.
     """
 
     def __init__(self, read: Callable[[int, int], tuple], epoch_plan: Callable[[], list],
                  declared_batches: int | None, batch_size: int | None, prefetch: int = 2,
                  rows: tuple[tuple, Callable[[int, int], np.ndarray]] | None = None,
                  ahead: tuple[Callable[[], tuple[int, int]], _epochs_ahead.PlanAt] | None = None,
-                 pad: Callable[[Iterator[Any]], Iterator[Any]] | None = None):
+                 pad: Any = None):
         self._rows = rows
+        self._reading = ahead[0] if ahead is not None else None  # the clock reading (samples, minibatches)
         self._ahead = ahead if os.environ.get(READ_AHEAD_VARIABLE, "1") != "0" else None
         self._tensors: Any = None
         # Reading ahead across epochs: the epochs' chain, the TensorFlow epoch loop its tf.data iterator serves (or
@@ -82,6 +85,7 @@ class StreamAdapter(_backend.DataAdapter):
         self._batch_size = batch_size
         self._prefetch = prefetch
         self._plan: list[tuple[int, int]] | None = None
+        self._plan_minibatches = 0  # the clock's minibatch count when the epoch of _plan began
         self._prefetchers: list[Prefetcher] = []
         self._signature: Any = None
         self._pad = pad
@@ -105,7 +109,7 @@ class StreamAdapter(_backend.DataAdapter):
 
     def on_epoch_begin(self) -> None:
         self.close(keep_reader=True)
-        self._plan = self._epoch_plan()
+        self._new_plan()
         _backend.declare_epoch_steps(len(self._plan))
         if self._ahead is None:
             return
@@ -120,7 +124,9 @@ class StreamAdapter(_backend.DataAdapter):
         if owner is not None:
             chain = self._start_chain(owner)
             if self._rows is not None:
-                dataset = _epochs_ahead.gathered_dataset(self._data_tensors(), self._rows[1], chain.produce)
+                dataset = _epochs_ahead.gathered_dataset(
+                    self._data_tensors(), self._rows[1], chain.produce,
+                    None if self._pad is None else lambda index, plan: self._pad.rows(plan, chain.reading(index)[1]))
             else:
                 dataset = self._tf_generator_dataset(lambda: self._chained_batches(chain, keras.tree.lists_to_tuples))
             _backend.iterate_once(owner, dataset)
@@ -144,8 +150,8 @@ class StreamAdapter(_backend.DataAdapter):
     def _chained_batches(self, chain: _epochs_ahead.EpochChain, convert: Callable[[Any], Any]) -> Iterator[Any]:
         """Every minibatch of ``chain``'s epochs, for one tf.data iterator (its reader starts with it)."""
         reader = self._start_reader(chain, convert)
-        for start, size in chain.read_positions():
-            yield reader.get(start, size)
+        for reading, plan in chain.read_epochs():
+            yield from self._padded(plan, (reader.get(start, size) for start, size in plan), reading[1])
 
     def on_epoch_end(self) -> None:
         # An epoch that did not run to its end leaves its reader short of where the next one begins.
@@ -154,9 +160,22 @@ class StreamAdapter(_backend.DataAdapter):
     @property
     def plan(self) -> list[tuple[int, int]]:
         """The ``(start, size)`` minibatches of the epoch being trained."""
-        if self._plan is None:
-            self._plan = self._epoch_plan()
+        return self._new_plan() if self._plan is None else self._plan
+
+    def _new_plan(self) -> list[tuple[int, int]]:
+        """Plans the epoch beginning at the clock's reading."""
+        self._plan_minibatches = self._reading()[1] if self._reading is not None else 0
+        self._plan = self._epoch_plan()
         return self._plan
+
+    def _padded(self, plan: list[tuple[int, int]], batches: Iterator[Any], minibatches: int) -> Iterator[Any]:
+        """``batches``, the minibatches of ``plan`` (an epoch beginning at the clock's minibatch count
+        ``minibatches``), as the step is handed them: padded, with ``pad``; else as they are."""
+        if self._pad is None:
+            yield from batches
+            return
+        for batch, rows in zip(batches, self._pad.rows(plan, minibatches)):
+            yield self._pad.batch(batch, rows)
 
     def _batches(self, convert: Callable[[Any], Any]) -> Iterator[Any]:
         plan = list(self.plan)
@@ -181,8 +200,7 @@ class StreamAdapter(_backend.DataAdapter):
     def get_jax_iterator(self) -> Iterator[Any]:
         # NumPy batches, as Keras's own array adapter hands JAX: the compiled step takes them in its fast path.
         # (JAX arrays made on the reader thread cost ~300 us more per step on a CPU: benchmarks/overhead.py.)
-        batches = self.get_numpy_iterator()
-        return batches if self._pad is None else self._pad(batches)
+        return self._epoch_batches(lambda batch: batch)
 
     def get_torch_dataloader(self) -> Any:
         return _Iterable(lambda: self._batches(_backend.to_tensors))
@@ -191,7 +209,12 @@ class StreamAdapter(_backend.DataAdapter):
         # tf.data takes tuples, not lists, as nested structure (as Keras's own array adapter, lists become tuples).
         if self._rows is not None:
             return self._tf_gathered_dataset()
-        return self._tf_generator_dataset(lambda: self._batches(keras.tree.lists_to_tuples))
+        return self._tf_generator_dataset(lambda: self._epoch_batches(keras.tree.lists_to_tuples))
+
+    def _epoch_batches(self, convert: Callable[[Any], Any]) -> Iterator[Any]:
+        """The epoch's minibatches through ``convert``, as the step is handed them (padded, with ``pad``)."""
+        batches = self._batches(convert)  # the plan is read when the first minibatch is
+        yield from self._padded(self.plan, batches, self._plan_minibatches)
 
     def _tf_generator_dataset(self, batches: Callable[[], Iterator[Any]]) -> Any:
         """A ``tf.data`` dataset of the minibatches ``batches()`` yields (as tuples: ``tf.data``'s structure)."""
@@ -200,6 +223,8 @@ class StreamAdapter(_backend.DataAdapter):
         if self._signature is None:
             start, size = self.plan[0] if self.plan else (0, 1)
             sample = keras.tree.lists_to_tuples(pack_batch(*self._read(start, size)))
+            if self._pad is not None:
+                sample = self._pad.batch(sample, size)
             self._signature = keras.tree.map_structure(
                 lambda a: tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), sample)
         return tf.data.Dataset.from_generator(batches, output_signature=self._signature)
@@ -207,8 +232,9 @@ class StreamAdapter(_backend.DataAdapter):
     def _tf_gathered_dataset(self) -> Any:
         """One epoch's minibatches gathered by ``tf.data`` from the data in memory: the plan's row indices are read
         once (one Python call, when the iterator starts), the rows of every minibatch by ``tf.gather``."""
-        return _epochs_ahead.gathered_dataset(self._data_tensors(), self._rows[1],
-                                           lambda index: self.plan if index == 0 else [])
+        return _epochs_ahead.gathered_dataset(
+            self._data_tensors(), self._rows[1], lambda index: self.plan if index == 0 else [],
+            None if self._pad is None else lambda index, plan: self._pad.rows(plan, self._plan_minibatches))
 
     def _data_tensors(self) -> Any:
         """The training data in memory as tensors, converted once."""

@@ -90,15 +90,19 @@ class EpochChain:
             yield from plan
             index += 1
 
-    def read_positions(self) -> Iterator[tuple[int, int]]:
-        """The same ``(start, size)`` as :meth:`positions`, on another thread: each epoch's once the thread
-        running :meth:`positions` has read its plan."""
+    def read_epochs(self) -> Iterator[tuple[tuple[int, int], list]]:
+        """``(reading, plan)`` of each epoch whose ``(start, size)`` :meth:`positions` gives, on another thread:
+        each epoch's once the thread running :meth:`positions` has read its plan."""
         index = 0
         while produced := self._produced_epoch(index):  # None: the reader failed (its error reaches the trainer)
             if not produced[1]:
                 return
-            yield from produced[1]
+            yield produced
             index += 1
+
+    def reading(self, index: int) -> tuple[int, int]:
+        """The clock reading at which the chain's epoch ``index`` begins (once :meth:`produce` has planned it)."""
+        return self._produced[index][0]
 
     def continues(self, reading: tuple[int, int], plan: list, timeout: float = WAIT_SECONDS) -> bool:
         """Whether the epoch beginning at clock ``reading`` with ``plan`` is the chain's next (main thread). Waits
@@ -116,28 +120,52 @@ class EpochChain:
             return self._produced[index] if len(self._produced) > index else None
 
 
-def gathered_dataset(tensors: Any, rows: Callable[[int, int], np.ndarray], plan_of: Callable[[int], list]) -> Any:
-    """A ``tf.data`` dataset of minibatches gathered from ``tensors`` (the data in memory, as tensors): epoch after
-    epoch, the plan ``plan_of(index)`` of each (one Python call per epoch), the rows ``rows(start, size)`` of each
-    of its minibatches gathered by ``tf.gather``; it ends at the first empty plan."""
+def gathered_dataset(tensors: Any, rows: Callable[[int, int], np.ndarray], plan_of: Callable[[int], list],
+                     padded_rows: Callable[[int, list], list[int]] | None = None) -> Any:
+    """A ``tf.data`` dataset of minibatches gathered from ``tensors`` (the data in memory, as tensors: ``(x, y)`` or
+    ``(x, y, sample_weight)``): epoch after epoch, the plan ``plan_of(index)`` of each (one Python call per epoch),
+    the rows ``rows(start, size)`` of each of its minibatches gathered by ``tf.gather``; it ends at the first empty
+    plan.
+
+    With ``padded_rows``, ``padded_rows(index, plan)`` gives the rows each minibatch of the plan is padded to:
+    each is then ``(x, y, sample_weight, mask)`` as ``kfit.training._padding.pad_batch`` pads a host batch (copies
+    of its last row, sample weight 0 on them, 1 where there is none; ``mask`` 1 on the real rows)."""
+    import keras
     import tensorflow as tf
 
-    def epoch_rows(index: Any) -> tuple[np.ndarray, np.ndarray]:
-        parts = [rows(start, size) for start, size in plan_of(int(index))]
+    def epoch_rows(index: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        plan = plan_of(int(index))
+        parts = [rows(start, size) for start, size in plan]
+        reals = np.array([len(p) for p in parts], np.int64)
+        if padded_rows is not None and parts:
+            parts = [np.concatenate([p, np.repeat(p[-1:], n - len(p))]) for p, n in zip(parts, padded_rows(int(index), plan))]
         flat = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-        return flat, np.array([len(p) for p in parts], np.int64)
+        return flat, np.array([len(p) for p in parts], np.int64), reals
 
-    def read_epoch(index: Any) -> tuple[Any, Any]:
-        flat, sizes = tf.numpy_function(epoch_rows, [index], (tf.int64, tf.int64), stateful=True)
-        flat.set_shape([None])
-        sizes.set_shape([None])
-        return flat, sizes
+    def read_epoch(index: Any) -> tuple[Any, Any, Any]:
+        arrays = tf.numpy_function(epoch_rows, [index], (tf.int64, tf.int64, tf.int64), stateful=True)
+        for array in arrays:
+            array.set_shape([None])
+        return tuple(arrays)
 
-    def epoch(flat: Any, sizes: Any) -> Any:
+    def minibatch(flat: Any, start: Any, size: Any, real: Any) -> Any:
+        batch = tf.nest.map_structure(lambda t: tf.gather(t, flat[start:start + size]), tensors)
+        if padded_rows is None:
+            return batch
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+        mask = tf.sequence_mask(real, size, dtype=tf.float32)
+
+        def weight(w: Any) -> Any:  # 0 on the padding rows
+            return w * tf.reshape(tf.cast(mask, w.dtype), tf.concat([[-1], tf.ones([tf.rank(w) - 1], tf.int32)], 0))
+
+        sample_weight = mask if sample_weight is None else tf.nest.map_structure(weight, sample_weight)
+        return x, y, sample_weight, mask
+
+    def epoch(flat: Any, sizes: Any, reals: Any) -> Any:
         starts = tf.cumsum(sizes, exclusive=True)
-        return tf.data.Dataset.from_tensor_slices((starts, sizes)).map(
-            lambda start, size: tf.nest.map_structure(lambda t: tf.gather(t, flat[start:start + size]), tensors))
+        return tf.data.Dataset.from_tensor_slices((starts, sizes, reals)).map(
+            lambda start, size, real: minibatch(flat, start, size, real))
 
     epochs = tf.data.Dataset.range(np.iinfo(np.int64).max).map(read_epoch)
-    return epochs.take_while(lambda flat, sizes: tf.size(sizes) > 0).flat_map(epoch).prefetch(tf.data.AUTOTUNE)
+    return epochs.take_while(lambda flat, sizes, reals: tf.size(sizes) > 0).flat_map(epoch).prefetch(tf.data.AUTOTUNE)
 

@@ -8,7 +8,8 @@ while the current sizes train. When training reaches a new size its step is alre
 
 On TensorFlow and PyTorch nothing is compiled ahead. TensorFlow needs no more than one trace: kfit's ``tf.data``
 pipeline leaves the batch dimension unknown, so the step traced for the first minibatch serves every size (with
-``jit_compile=True``, XLA still compiles each new shape on its first step). PyTorch's step is not compiled
+``jit_compile=True``, XLA still compiles each new shape on its first step: ``pad_remainders=True`` keeps the
+epoch-end remainders from adding shapes). PyTorch's step is not compiled
 (``jit_compile=True`` there compiles lazily, per shape).
 
 Only one thread traces the step at a time. Keras's JAX train step writes to the model while it is traced (the forward

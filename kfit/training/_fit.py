@@ -113,11 +113,12 @@ def fit(
     * ``seed``: the seed of the data stream's shuffling (each sweep is shuffled by ``(seed, sweep)``);
     * ``prefetch``: minibatches read ahead on a background thread (None: 2 from h5py datasets and
       ``PyDataset``s, none from NumPy arrays in memory, whose gather is faster than a hand-off between threads);
-    * ``pad_remainders``: on JAX, hand the compiled step each minibatch that an epoch end (or ``max_samples``) cuts
-      short at its scheduled size, padded with zero-weight rows whose effect is taken out exactly, so that cut sizes
-      compile no step of their own (mathematically exact, not bit-identical to an unpadded run; refused, with the
-      reason, for a model it would not be exact for: see ``kfit/training/_padding.py``). Nothing to pad on
-      TensorFlow and PyTorch, where a new size compiles nothing.
+    * ``pad_remainders``: for a step compiled per shape (JAX; TensorFlow with ``jit_compile=True``), hand it each
+      minibatch that an epoch end (or ``max_samples``) cuts short at its scheduled size, padded with zero-weight
+      rows whose effect is taken out exactly, so that cut sizes compile no step of their own (mathematically exact,
+      not bit-identical to an unpadded run; refused, with the reason, for a model it would not be exact for: see
+      ``kfit/training/_padding.py``). Nothing to pad on PyTorch and on TensorFlow without XLA, where one step serves
+      every size.
 
     When none of these (nor a callback that needs the stream, such as ``kfit.callbacks.Checkpoint`` or
     ``MinibatchSizeSchedule``) is used, this is exactly ``model.fit`` plus kfit's clock: the same weights
@@ -481,8 +482,8 @@ class _StreamFit:
         if o.pad_remainders and self.distributed:
             raise ValueError("Argument `pad_remainders` is for one-process training: under data-parallel training "
                              "each worker trains its share of the global minibatch. Received: pad_remainders=True")
-        # Padding the minibatches an epoch end cuts short (JAX's jitted step): kfit.training._padding.
-        self.pads = (o.pad_remainders and _backend.BACKEND == "jax" and self.source is None
+        # Padding the minibatches an epoch end cuts short (a step compiled per shape): kfit.training._padding.
+        self.pads = (o.pad_remainders and _backend.BACKEND in ("jax", "tensorflow") and self.source is None
                      and model.jit_compile and not model.run_eagerly)
         self.epoch_step_rows: list[int] = []  # the rows the step is handed for each minibatch of the epoch
 
@@ -617,7 +618,7 @@ class _StreamFit:
             batch_size=None if self.fixed_size is None else max(self.fixed_size // workers, 1),
             prefetch=self.prefetch, rows=self._rows_in_memory(),
             ahead=(lambda: (clock.samples, clock.minibatches), self.plan_at),
-            pad=(lambda batches: _padding.padded(batches, lambda: self.epoch_step_rows)) if self.pads else None,
+            pad=_padding.Padding(self.size_at) if self.pads else None,
         )
         if clock.samples < self.stop_at:
             first_size = _plan.next_minibatch(clock.samples, clock.minibatches, self.size_at, self.epoch_size,
@@ -625,7 +626,12 @@ class _StreamFit:
         else:
             first_size = self.fixed_size or 1
         rows = max(first_size, workers)
-        first = pack_batch(*self.read(clock.samples % max(self.stream.num_samples, 1), rows))
+        x, y, sample_weight = self.read(clock.samples % max(self.stream.num_samples, 1), rows)
+        if self.pads and _backend.BACKEND == "tensorflow" and y is None:
+            raise ValueError("pad_remainders=True on TensorFlow needs targets `y`: a padded minibatch carries sample "
+                             "weights, which tf.data cannot pair with an absent y. Give y, or train without "
+                             "pad_remainders=True.")
+        first = pack_batch(x, y, sample_weight)
         self.first_host = _padding.pad_batch(first, rows) if self.pads else first
         return adapter, PlanDriver(self.model, adapter), _backend.to_tensors(first), self.fixed_size or first_size
 

@@ -1,7 +1,7 @@
-"""Pad the minibatches an epoch end cuts short to their scheduled size, so that they add no compiled shape (JAX).
+"""Pad the minibatches an epoch end cuts short to their scheduled size, so that they add no compiled shape.
 
-A minibatch never crosses an epoch boundary (nor ``max_samples``): the one that reaches it is cut short. Under JAX
-every new shape compiles, so a run whose epoch length is no multiple of its minibatch size compiles one more step per
+A minibatch never crosses an epoch boundary (nor ``max_samples``): the one that reaches it is cut short. Under JAX,
+and under TensorFlow with ``jit_compile=True`` (XLA), every new shape compiles, so a run whose epoch length is no multiple of its minibatch size compiles one more step per
 scheduled size, and with a minibatch-size schedule each cut size is new. ``kfit.fit(..., pad_remainders=True)``
 hands the step such a minibatch at its scheduled size instead (``size_at`` of the clock reading where it is drawn, a
 pure function of the clock: a resumed run pads exactly as the run it resumes):
@@ -18,9 +18,13 @@ Every minibatch then carries sample weights and the row mask (all ones when noth
 serves each scheduled size. Mathematically exact, not bit-identical to an unpadded run: the float sums run over other
 shapes, and Dropout draws for ``p`` rows. Refused (:func:`check`) where it would not be exact: a model's own
 ``train_step``, ``compute_loss`` or ``compute_metrics``, a loss reduced otherwise than by ``sum_over_batch_size`` or
-``mean_with_sample_weight``, ``BatchNormalization``, an activity regularizer, a source that batches by itself,
-data-parallel training. On TensorFlow and PyTorch nothing is padded: a new size adds no compiled shape there (kfit's
-``tf.data`` pipeline leaves the batch dimension unknown; PyTorch's step is not compiled).
+``mean_with_sample_weight``, ``BatchNormalization``, an activity regularizer or another loss a layer adds in its forward
+pass (``add_loss``, found when the step is traced), a source that batches by itself,
+data-parallel training, and on TensorFlow data without targets (``tf.data`` cannot pair sample weights with an absent
+``y``). The batches are padded as kfit's data adapter reads them (:class:`Padding`; on TensorFlow over data in memory,
+by ``tf.data`` itself: ``kfit.data._epochs_ahead.gathered_dataset``). On PyTorch, and on TensorFlow without XLA,
+nothing is padded: a new size adds no compiled shape there (kfit's ``tf.data`` pipeline leaves the batch dimension
+unknown; PyTorch's step is not compiled).
 
 Example:
     >>> import numpy as np
@@ -34,7 +38,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -42,6 +46,8 @@ import numpy as np
 
 from kfit import _backend
 from kfit.distributed import _engine
+
+FIX = "Train without pad_remainders=True (each cut size then compiles once, on its first step or ahead of it)."
 
 #: Reductions under which scaling the sample weights by ``p / r`` gives the loss of the ``r`` real rows.
 EXACT_REDUCTIONS = ("sum_over_batch_size", "mean_with_sample_weight")
@@ -52,14 +58,26 @@ def padded_rows(plan: list[tuple[int, int]], minibatches: int, size_at: Callable
     return [max(size, int(size_at(start, minibatches + i))) for i, (start, size) in enumerate(plan)]
 
 
-def padded(batches: Iterator[Any], rows: Callable[[], list[int]]) -> Iterator[Any]:
-    """The batches of an epoch (host batches, in plan order) padded to ``rows()``, read once the epoch's first batch
-    is (the epoch is planned by then)."""
-    sizes: list[int] = []
-    for index, batch in enumerate(batches):
-        if index == 0:
-            sizes = rows()
-        yield pad_batch(batch, sizes[index])
+class Padding:
+    """What kfit's data adapter pads with (``StreamAdapter(pad=...)``): the rows of each minibatch of a plan, and
+    the padded batch.
+
+    Args:
+        size_at: the minibatch-size schedule, ``size_at(samples, minibatches)``.
+    """
+
+    def __init__(self, size_at: Callable[[int, int], int]):
+        self._size_at = size_at
+
+    def rows(self, plan: list[tuple[int, int]], minibatches: int) -> list[int]:
+        """The rows each minibatch of ``plan`` (an epoch beginning at the clock's minibatch count ``minibatches``) is
+        handed to the step with."""
+        return padded_rows(plan, minibatches, self._size_at)
+
+    @staticmethod
+    def batch(batch: Any, rows: int) -> tuple:
+        """``batch`` padded to ``rows`` rows: :func:`pad_batch`."""
+        return pad_batch(batch, rows)
 
 
 def pad_batch(batch: Any, rows: int) -> tuple:
@@ -78,30 +96,29 @@ def pad_batch(batch: Any, rows: int) -> tuple:
 def check(model: Any) -> None:
     """Raises ValueError when padding would not be exact for ``model`` (built, compiled), naming why and what to do.
 
-    Called on JAX only, when training begins (the compiled losses are built then). Warns when some metric's
+    Called when training begins (the compiled losses are built then), where the step is compiled per shape. Warns when some metric's
     training value will include the padding rows."""
     from kfit.distributed._evaluation import _defined_by_keras, training_metrics_split
 
-    fix = "Train without pad_remainders=True (each cut size then compiles once, ahead of its step)."
     for method in ("train_step", "compute_loss", "compute_metrics"):
         if not _defined_by_keras(model, method):
             raise ValueError(
                 f"pad_remainders=True needs Keras's own {method}: {type(model).__name__} defines its own, which "
-                f"would see the padding rows. {fix}")
+                f"would see the padding rows. {FIX}")
     for name, reduction in _backend.loss_reductions(model):
         if reduction not in EXACT_REDUCTIONS:
             raise ValueError(
                 f"pad_remainders=True needs every loss reduced by one of {list(EXACT_REDUCTIONS)}; loss {name!r} has "
-                f"reduction={reduction!r}, for which the padding rows would change the loss. {fix}")
+                f"reduction={reduction!r}, for which the padding rows would change the loss. {FIX}")
     for layer in model._flatten_layers(include_self=False):
         if isinstance(layer, keras.layers.BatchNormalization):
             raise ValueError(
                 f"pad_remainders=True cannot pad for layer {layer.name!r} (BatchNormalization): its batch statistics "
-                f"would include the padding rows. {fix}")
+                f"would include the padding rows. {FIX}")
         if getattr(layer, "activity_regularizer", None) is not None:
             raise ValueError(
                 f"pad_remainders=True cannot pad for layer {layer.name!r}: its activity regularizer is a mean over "
-                f"the rows, padding rows included. {fix}")
+                f"the rows, padding rows included. {FIX}")
     split = training_metrics_split(model)
     if split is not None and split[1]:
         import warnings
@@ -121,7 +138,7 @@ def install(model: Any) -> Callable[[], None]:
     ops = keras.ops
     original_step = model.train_step
 
-    def train_step(*arguments: Any) -> Any:  # (state, data) on JAX
+    def train_step(*arguments: Any) -> Any:  # (state, data) on JAX, (data,) on TensorFlow
         *state, data = arguments
         *batch, mask = data
         real = ops.sum(mask)
@@ -136,6 +153,10 @@ def install(model: Any) -> Callable[[], None]:
     def compute_loss(x: Any = None, y: Any = None, y_pred: Any = None, sample_weight: Any = None,
                      training: bool = True) -> Any:
         real = _engine.step_real_count()
+        if real is not None and (added := _backend.layers_that_added_losses(model)):
+            raise ValueError(
+                f"pad_remainders=True cannot pad for layer {added[0].name!r}: it adds a loss in its forward pass "
+                f"(add_loss), which would include the padding rows. {FIX}")
         if real is not None and sample_weight is not None:
 
             def scaled(w: Any) -> Any:  # by rows / real: the loss's mean over the rows is the real rows' mean
@@ -148,8 +169,10 @@ def install(model: Any) -> Callable[[], None]:
         original = tracker.update_state
 
         def update_state(values: Any, sample_weight: Any = None) -> Any:
+            # Keras weights the value by the batch's rows, or (TensorFlow: a batch dimension unknown to the trace,
+            # each output's loss) by nothing: the padding rows go out of the first, the second counts the step once.
             real = _engine.step_real_count()
-            return original(values, sample_weight=sample_weight if real is None else real)
+            return original(values, sample_weight=sample_weight if real is None or sample_weight is None else real)
 
         return update_state
 
@@ -171,4 +194,4 @@ def install(model: Any) -> Callable[[], None]:
     return uninstall
 
 
-__all__ = ["check", "install", "pad_batch", "padded", "padded_rows"]
+__all__ = ["Padding", "check", "install", "pad_batch", "padded_rows"]
