@@ -43,7 +43,7 @@ MIN_SECONDS = 30.0
 SIZES = [16, 32, 64, 128, 256, 512]
 SWEEPS_PER_EPOCH = 10
 #: Learning rate per sample, per backend: low enough that the schedule side (the faster one) trains >= 30 s on a 2-core machine.
-LR = {"jax": 1.5e-6, "tensorflow": 4e-6, "torch": 8e-6}
+LR = {"jax": 1.5e-6, "tensorflow": 2e-6, "torch": 4.5e-6}
 
 
 def measure(target: float, lr: float, max_seconds: float, sides: list[str]) -> None:
@@ -146,7 +146,7 @@ def main() -> int:
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--target", type=float, default=0.95)
     parser.add_argument("--lr", type=float, default=0.0, help="learning rate per sample (default: LR[backend])")
-    parser.add_argument("--max-seconds", type=float, default=600.0, help="give up on a side after this much training")
+    parser.add_argument("--max-seconds", type=float, default=1200.0, help="give up on a side after this much training")
     parser.add_argument("--sides", default="fixed,growing,padded", help=argparse.SUPPRESS)
     args = parser.parse_args()
     options = ["--target", str(args.target), "--lr", str(args.lr), "--max-seconds", str(args.max_seconds),
