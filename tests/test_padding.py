@@ -132,7 +132,8 @@ def test_a_step_compiled_for_no_shape_is_handed_the_minibatches_as_cut():
     assert_same_weights(runs[False][0], runs[True][0])
 
 
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.data's limit: JAX's padded batches are NumPy; torch pads nothing")
+@pytest.mark.skipif(BACKEND != "tensorflow",
+                    reason="tf.data's limit: JAX's padded batches are NumPy; torch pads nothing")
 def test_pad_remainders_on_tensorflow_needs_targets():
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
@@ -166,7 +167,7 @@ class OwnTrainStep(keras.Sequential):
 
 
 class AddsLoss(keras.layers.Layer):
-    """Adds the mean of its input to the loss (``add_loss`` in ``call``): a mean over the rows, padding rows included."""
+    """Adds the mean of its input to the loss (``add_loss`` in ``call``): a mean over the rows, padding rows too."""
 
     def call(self, x):
         self.add_loss(0.01 * keras.ops.mean(keras.ops.square(x)))

@@ -138,7 +138,8 @@ def gathered_dataset(tensors: Any, rows: Callable[[int, int], np.ndarray], plan_
         parts = [rows(start, size) for start, size in plan]
         reals = np.array([len(p) for p in parts], np.int64)
         if padded_rows is not None and parts:
-            parts = [np.concatenate([p, np.repeat(p[-1:], n - len(p))]) for p, n in zip(parts, padded_rows(int(index), plan))]
+            padded = padded_rows(int(index), plan)
+            parts = [np.concatenate([p, np.repeat(p[-1:], n - len(p))]) for p, n in zip(parts, padded)]
         flat = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         return flat, np.array([len(p) for p in parts], np.int64), reals
 

@@ -1,8 +1,9 @@
 """Pad the minibatches an epoch end cuts short to their scheduled size, so that they add no compiled shape.
 
 A minibatch never crosses an epoch boundary (nor ``max_samples``): the one that reaches it is cut short. Under JAX,
-and under TensorFlow with ``jit_compile=True`` (XLA), every new shape compiles, so a run whose epoch length is no multiple of its minibatch size compiles one more step per
-scheduled size, and with a minibatch-size schedule each cut size is new. ``kfit.fit(..., pad_remainders=True)``
+and under TensorFlow with ``jit_compile=True`` (XLA), every new shape compiles, so a run whose epoch length is no
+multiple of its minibatch size compiles one more step per scheduled size, and with a minibatch-size schedule each cut
+size is new. ``kfit.fit(..., pad_remainders=True)``
 hands the step such a minibatch at its scheduled size instead (``size_at`` of the clock reading where it is drawn, a
 pure function of the clock: a resumed run pads exactly as the run it resumes):
 
@@ -96,8 +97,8 @@ def pad_batch(batch: Any, rows: int) -> tuple:
 def check(model: Any) -> None:
     """Raises ValueError when padding would not be exact for ``model`` (built, compiled), naming why and what to do.
 
-    Called when training begins (the compiled losses are built then), where the step is compiled per shape. Warns when some metric's
-    training value will include the padding rows."""
+    Called when training begins (the compiled losses are built then), where the step is compiled per shape. Warns
+    when some metric's training value will include the padding rows."""
     from kfit.distributed._evaluation import _defined_by_keras, training_metrics_split
 
     for method in ("train_step", "compute_loss", "compute_metrics"):
