@@ -32,7 +32,8 @@ stays exact (equal to one process up to the float summation order):
   metrics are the unpadded ones (checked to 1e-5 against one process by ``tests/test_engines.py``).
 
 Not exact with padding: layers with batch statistics (``BatchNormalization`` in training mode sees the
-padding row); the training value of a metric with another kind of state, or of every metric of a model with its
+padding row); a loss a layer adds in its forward pass (``add_loss``, an activity regularizer: a mean over the rows,
+the padding row included; not refused here, unlike ``pad_remainders``); the training value of a metric with another kind of state, or of every metric of a model with its
 own ``train_step`` or ``compute_metrics`` (it includes the padding rows; kfit warns once, naming it); per-output
 loss metrics of a multi-output model (not tried); a loss with another reduction than the mean over the
 minibatch (then the gradient too). A step whose global minibatch divides among the workers is not padded.
