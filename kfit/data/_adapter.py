@@ -151,7 +151,11 @@ class StreamAdapter(_backend.DataAdapter):
         """Every minibatch of ``chain``'s epochs, for one tf.data iterator (its reader starts with it)."""
         reader = self._start_reader(chain, convert)
         for reading, plan in chain.read_epochs():
-            yield from self._padded(plan, (reader.get(start, size) for start, size in plan), reading[1])
+            if self._pad is None:
+                for start, size in plan:
+                    yield reader.get(start, size)
+            else:
+                yield from self._padded(plan, (reader.get(start, size) for start, size in plan), reading[1])
 
     def on_epoch_end(self) -> None:
         # An epoch that did not run to its end leaves its reader short of where the next one begins.
@@ -170,10 +174,7 @@ class StreamAdapter(_backend.DataAdapter):
 
     def _padded(self, plan: list[tuple[int, int]], batches: Iterator[Any], minibatches: int) -> Iterator[Any]:
         """``batches``, the minibatches of ``plan`` (an epoch beginning at the clock's minibatch count
-        ``minibatches``), as the step is handed them: padded, with ``pad``; else as they are."""
-        if self._pad is None:
-            yield from batches
-            return
+        ``minibatches``), padded as the step is handed them (with ``pad``)."""
         for batch, rows in zip(batches, self._pad.rows(plan, minibatches)):
             yield self._pad.batch(batch, rows)
 
@@ -212,7 +213,11 @@ class StreamAdapter(_backend.DataAdapter):
         return self._tf_generator_dataset(lambda: self._epoch_batches(keras.tree.lists_to_tuples))
 
     def _epoch_batches(self, convert: Callable[[Any], Any]) -> Iterator[Any]:
-        """The epoch's minibatches through ``convert``, as the step is handed them (padded, with ``pad``)."""
+        """The epoch's minibatches through ``convert``, as the step is handed them: padded, with ``pad`` (no
+        generator in between without: this is the per-step path)."""
+        return self._batches(convert) if self._pad is None else self._padded_epoch(convert)
+
+    def _padded_epoch(self, convert: Callable[[Any], Any]) -> Iterator[Any]:
         batches = self._batches(convert)  # the plan is read when the first minibatch is
         yield from self._padded(self.plan, batches, self._plan_minibatches)
 
