@@ -32,10 +32,6 @@ class SignalGuard:
         self._previous: dict[int, Any] = {}
         self._handling = False
 
-    @property
-    def installed(self) -> bool:
-        return bool(self._previous)
-
     def install(self) -> None:
         if self._previous or threading.current_thread() is not threading.main_thread():
             return

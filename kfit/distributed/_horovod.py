@@ -11,7 +11,8 @@ calls Horovod's collective operations itself, through one framework plugin per p
 
 Two plugins in one process would start two Horovod runtimes, so host operations (broadcast, metric
 averaging, the stop flag) use the same plugin as the step. Nothing here runs, nor imports Horovod,
-outside ``horovodrun``: :func:`launched` reads the environment that ``horovodrun`` sets.
+outside ``horovodrun``: ``kfit.distributed._launch.horovod_launched`` reads the environment that ``horovodrun``
+sets.
 """
 
 from __future__ import annotations
@@ -23,14 +24,9 @@ from typing import Any
 import keras
 import numpy as np
 
-from kfit.distributed import _launch
 from kfit.distributed._engine import Engine
 
 BACKEND = keras.backend.backend()
-
-#: Environment variables through which a launcher tells a process its rank (horovodrun with Gloo sets
-#: HOROVOD_RANK; mpirun sets the OpenMPI or PMI ones).
-LAUNCHER_VARIABLES = _launch.HOROVOD_VARIABLES
 
 INSTALL_HINT = (
     "Horovod with its TensorFlow and PyTorch plugins is not installed in this environment. "
@@ -38,11 +34,6 @@ INSTALL_HINT = (
 )
 
 _hvd: Any = None  # the framework plugin in use: horovod.tensorflow or horovod.torch
-
-
-def launched() -> bool:
-    """True when this process was started by ``horovodrun`` (or ``mpirun``) as one of several workers."""
-    return _launch.horovod_launched()
 
 
 def plugin_name() -> str:

@@ -87,11 +87,6 @@ def start_early() -> None:
     current()
 
 
-def started() -> bool:
-    """True once an engine is started in this process."""
-    return _engine is not None
-
-
 def _native(environment: _launch.LaunchEnvironment) -> Engine:
     backend = keras.backend.backend()
     if backend == "torch":
