@@ -232,6 +232,9 @@ def test_uneven_shares_and_a_sweeps_remainder_train_as_one_process(uneven):
         # Padding stays in a metric whose state is not a sum over samples: said once, naming it (JAX only).
         assert len(info["padding_warnings"]) == (1 if BACKEND == "jax" else 0), info["padding_warnings"]
         assert all("'last_mean' (LastMean)" in w for w in info["padding_warnings"])
+        # A layer's add_loss averages over the padding rows too: said once, naming the layer (JAX only).
+        assert len(info["added_loss_warnings"]) == (1 if BACKEND == "jax" else 0), info["added_loss_warnings"]
+        assert all("'regularized_dense'" in w for w in info["added_loss_warnings"])
     for i, w in enumerate(common.weights(reference)):
         np.testing.assert_array_equal(a0[f"w{i}"], a1[f"w{i}"])
         np.testing.assert_allclose(a0[f"w{i}"], w, atol=1e-6, rtol=0)

@@ -33,7 +33,7 @@ stays exact (equal to one process up to the float summation order):
 
 Not exact with padding: layers with batch statistics (``BatchNormalization`` in training mode sees the
 padding row); a loss a layer adds in its forward pass (``add_loss``, an activity regularizer: a mean over the rows,
-the padding row included; not refused here, unlike ``pad_remainders``); the training value of a metric with another kind of state, or of every metric of a model with its
+the padding row included; kfit warns once, naming the layer; not refused here, unlike ``pad_remainders``); the training value of a metric with another kind of state, or of every metric of a model with its
 own ``train_step`` or ``compute_metrics`` (it includes the padding rows; kfit warns once, naming it); per-output
 loss metrics of a multi-output model (not tried); a loss with another reduction than the mean over the
 minibatch (then the gradient too). A step whose global minibatch divides among the workers is not padded.
@@ -284,6 +284,7 @@ class _ShardedStep:
         self.split = NamedSharding(engine.mesh, P(AXIS))
         self._pending: list | None = None  # the driver's planned sizes of the current execution, and the next one
         self._next = 0
+        self._losses_checked = False  # whether _warn_added_losses has looked at the traced step
 
         def body(state: Any, data: Any, real: Any) -> Any:
             rows = batch_rows(data)
@@ -291,17 +292,35 @@ class _ShardedStep:
             _engine.STEP.real = real[0]
             _engine.STEP.padding = rows - real[0]
             try:
-                return train_step(state, data)
+                result = train_step(state, data)
             finally:
                 _tracing.in_step = False
                 _engine.STEP.real = None
                 _engine.STEP.padding = None
+            self._warn_added_losses()
+            return result
 
         # State in, state and logs out: P() (one copy per worker). The trainable state is the same on every
         # worker (psummed gradients); the metrics' state is each worker's own (check_vma off: not replicated).
         sharded = jax.shard_map(body, mesh=engine.mesh, in_specs=(P(), P(AXIS), P(AXIS)), out_specs=(P(), P()),
                                 check_vma=False)
         self.jitted = jax.jit(sharded, donate_argnums=0)
+
+    def _warn_added_losses(self) -> None:
+        """Once per model, as its step is traced: a layer's ``add_loss`` (an activity regularizer included) averages
+        over the padding rows of a padded share too, so such steps' gradients are not exact (see the module)."""
+        if self._losses_checked:
+            return
+        self._losses_checked = True
+        from kfit import _backend
+
+        if added := _backend.layers_that_added_losses(self.model):
+            warnings.warn(
+                f"kfit's JAX engine pads the workers' shares of a global minibatch that does not divide among them; "
+                f"layer {added[0].name!r} adds a loss in its forward pass (add_loss, an activity regularizer), "
+                f"which averages over the padding rows too, so the gradient of such steps is not exact. Choose "
+                f"minibatch sizes and an epoch size that divide by the {self.size} workers to train it exactly.",
+                stacklevel=2)
 
     def global_minibatch(self) -> int | None:
         """The global minibatch of the step about to run: the run's driver planned the sizes of the steps of

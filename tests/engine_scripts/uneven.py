@@ -4,7 +4,8 @@
 
 ``common.UNEVEN``: global minibatches of 9 (shares 5 and 4) over sweeps of 41 samples, one epoch per sweep, so
 each epoch ends with a remainder minibatch of 5 (shares 3 and 2); sample weights, an unweighted and a weighted
-metric, and one whose state is not a sum over samples (on JAX: warned about, its value keeps the padding row). Every step whose shares differ is padded to one shape by the JAX engine. Writes the weights, the
+metric, and one whose state is not a sum over samples (on JAX: warned about, its value keeps the padding row); then
+a model with an activity regularizer (on JAX: warned about, naming the layer). Every step whose shares differ is padded to one shape by the JAX engine. Writes the weights, the
 history and the epoch summaries to ``OUT_DIR/uneven.rank<r>.{npz,json}``, with what the compiled train step holds:
 its HLO is checked for an all-reduce and for host callbacks.
 """
@@ -31,7 +32,16 @@ net = common.uneven_model()
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     history = kfit.fit(net, x, y, sample_weight=sample_weight, **common.uneven_kwargs())
+# A layer that adds a loss in its forward pass (an activity regularizer): on JAX its mean takes in the padding rows.
+regularized = keras.Sequential([keras.Input((x.shape[1],)),
+                                keras.layers.Dense(4, activity_regularizer="l2", name="regularized_dense"),
+                                keras.layers.Dense(y.shape[1])])
+regularized.compile(optimizer="sgd", loss="mse")
+with warnings.catch_warnings(record=True) as caught_losses:
+    warnings.simplefilter("always")
+    kfit.fit(regularized, x, y, **{**common.uneven_kwargs(), "epochs": 1})
 info = {
+    "added_loss_warnings": [str(w.message) for w in caught_losses if "adds a loss in its forward pass" in str(w.message)],
     "padding_warnings": [str(w.message) for w in caught if "pads the workers' shares" in str(w.message)],
     "engine": kfit.distributed.engine(),
     "size": kfit.distributed.size(),
