@@ -32,11 +32,12 @@ stays exact (equal to one process up to the float summation order):
   metrics are the unpadded ones (checked to 1e-5 against one process by ``tests/test_engines.py``).
 
 Not exact with padding: layers with batch statistics (``BatchNormalization`` in training mode sees the
-padding row); a loss a layer adds in its forward pass (``add_loss``, an activity regularizer: a mean over the rows,
-the padding row included; kfit warns once, naming the layer; not refused here, unlike ``pad_remainders``); the training value of a metric with another kind of state, or of every metric of a model with its
-own ``train_step`` or ``compute_metrics`` (it includes the padding rows; kfit warns once, naming it); per-output
-loss metrics of a multi-output model (not tried); a loss with another reduction than the mean over the
-minibatch (then the gradient too). A step whose global minibatch divides among the workers is not padded.
+padding row); a loss a layer adds in its forward pass (``add_loss``, an activity regularizer: a mean over the
+rows, the padding row included; kfit warns once, naming the layer; not refused here, unlike ``pad_remainders``);
+the training value of a metric with another kind of state, or of every metric of a model with its own
+``train_step`` or ``compute_metrics`` (it includes the padding rows; kfit warns once, naming it); per-output loss
+metrics of a multi-output model (not tried); a loss with another reduction than the mean over the minibatch (then
+the gradient too). A step whose global minibatch divides among the workers is not padded.
 
 The train step is built by :meth:`JaxEngine.train_step_function` for :func:`kfit.fit` (its step knows the
 global minibatch, hence the padded share). The state stays process-local between steps (Keras's loop, kfit's
