@@ -210,9 +210,26 @@ _LAZY = {
 }
 
 
+def _import_elastic() -> Any:
+    """``kfit.distributed._elastic``, built on Horovod's elastic state: a clear error where Horovod is missing."""
+    try:
+        return importlib.import_module("kfit.distributed._elastic")
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] != "horovod":
+            raise
+        from kfit.distributed._horovod import INSTALL_HINT
+
+        raise ImportError(
+            "Horovod's elastic mode (kfit.distributed.ElasticState, @kfit.distributed.elastic.run) needs the Horovod "
+            f"engine, and Horovod is not installed here. {INSTALL_HINT} Without Horovod, resume from a "
+            "kfit.callbacks.Checkpoint after a restart instead.") from error
+
+
 def __getattr__(name: str) -> Any:
     if name == "elastic":  # ``@kfit.distributed.elastic.run``, as ``@hvd.elastic.run``
-        return importlib.import_module("kfit.distributed._elastic")
+        return _import_elastic()
+    if name in _LAZY and _LAZY[name] == "kfit.distributed._elastic":
+        return getattr(_import_elastic(), name)
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'kfit.distributed' has no attribute {name!r}")
