@@ -11,6 +11,7 @@ The rest of kfit speaks public Keras API and ``keras.ops``. What cannot be said 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
 from collections.abc import Callable
@@ -160,6 +161,30 @@ def before_empty_step(model: Any) -> None:
         }
 
 
+@contextlib.contextmanager
+def without_state_sharding_constraints(model: Any) -> Any:
+    """While a train step is traced under ``jax.shard_map`` (kfit's JAX engine): Keras's own JAX ``train_step``
+    leaves the state's sharding alone. Keras 3.10 ends its ``train_step`` with ``_enforce_jax_state_sharding``,
+    which constrains every state variable to the single-device sharding recorded when ``fit`` began, a device set
+    that contradicts the workers' mesh (JAX refuses the step: "incompatible devices"); inside ``shard_map`` each
+    worker's state is its own, and no constraint is needed. Keras 3.15 makes no such call (nothing to do). A Keras
+    internal, checked against Keras 3.10 (present) and 3.15 (absent)."""
+    if not hasattr(model, "_enforce_jax_state_sharding"):
+        yield
+        return
+
+    def unconstrained(trainable_variables: Any = None, non_trainable_variables: Any = None,
+                      optimizer_variables: Any = None, metrics_variables: Any = None) -> tuple:
+        return (trainable_variables or [], non_trainable_variables or [], optimizer_variables or [],
+                metrics_variables or [])
+
+    object.__setattr__(model, "_enforce_jax_state_sharding", unconstrained)
+    try:
+        yield
+    finally:
+        vars(model).pop("_enforce_jax_state_sharding", None)
+
+
 def replace_train_function(model: Any, make_step: Callable[[Any], Callable]) -> None:
     """Makes ``model.fit`` (JAX) train with ``make_step(model.train_step)`` instead of ``jax.jit(train_step)``.
 
@@ -167,7 +192,7 @@ def replace_train_function(model: Any, make_step: Callable[[Any], Callable]) -> 
     step; Keras's ``_make_function`` still drives it (``steps_per_execution``). The model's
     ``make_train_function`` is replaced on the instance (``model.fit`` calls it before ``on_train_begin``).
     ``make_train_function(force)``, ``_make_function(step)`` and ``train_function(state, iterator)`` are
-    Keras internals, checked against Keras 3.15.
+    Keras internals, checked against Keras 3.10-3.15.
     """
 
     def make_train_function(force: bool = False) -> None:
@@ -195,7 +220,7 @@ def exclude_padding_from_metrics(model: Any, padding: Callable[[], Any],
     of the last row, is measured by updating the metrics once more on the last row and taken out; the other
     metrics keep their state of the padded batch. ``tracker_count=False`` leaves the loss tracker to the caller
     (a step whose loss trackers count the real rows themselves). ``_loss_tracker``, its ``count``, the call order inside
-    ``train_step`` and the stateless scope are Keras internals, checked against Keras 3.15.
+    ``train_step`` and the stateless scope are Keras internals, checked against Keras 3.10-3.15.
     """
     original = model.compute_metrics
 
@@ -244,7 +269,7 @@ def loss_trackers(model: Any) -> list:
 def layers_that_added_losses(model: Any) -> list:
     """The layers of ``model`` (itself included) that added a loss with ``add_loss`` in the forward pass just run or
     traced (an activity regularizer is one): Keras keeps their ids (``_loss_ids``: JAX's stateless trace) or the
-    losses themselves (``_losses``) until the next call. Keras internals, checked against Keras 3.15."""
+    losses themselves (``_losses``) until the next call. Keras internals, checked against Keras 3.10-3.15."""
     return [layer for layer in model._flatten_layers(include_self=True)
             if getattr(layer, "_loss_ids", None) or getattr(layer, "_losses", None)]
 

@@ -438,6 +438,17 @@ def test_the_native_engine_on_tensorflow_says_horovod_is_its_engine():
     assert "Horovod is the TensorFlow engine" in result.stderr and "KFIT_ENGINE='native'" in result.stderr
 
 
+def test_elastic_mode_without_horovod_installed_says_what_to_install():
+    """Where Horovod is missing (here made so by blocking its import), ElasticState is a clear ImportError."""
+    script = ("import sys; sys.modules['horovod'] = None\n"
+              "import kfit.distributed as d\n"
+              "try:\n    d.ElasticState\nexcept ImportError as error:\n    print('ImportError:', error)\n")
+    result = subprocess.run([sys.executable, "-c", script], env=_environment(), capture_output=True, text=True,
+                            timeout=JOB_TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ImportError: Horovod's elastic mode" in result.stdout and "install_horovod.sh" in result.stdout, result.stdout
+
+
 def test_horovods_elastic_mode_is_refused_under_the_native_engine():
     script = ("import keras, kfit.distributed as d\n"
               "m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]); m.compile(optimizer='sgd', loss='mse')\n"

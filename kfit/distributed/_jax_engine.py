@@ -70,6 +70,7 @@ from typing import Any
 
 import numpy as np
 
+from kfit import _backend
 from kfit.distributed import _engine, _launch
 from kfit.distributed._engine import WorkerLostError
 from kfit.distributed._torch_engine import TorchEngine
@@ -293,7 +294,8 @@ class _ShardedStep:
             _engine.STEP.real = real[0]
             _engine.STEP.padding = rows - real[0]
             try:
-                result = train_step(state, data)
+                with _backend.without_state_sharding_constraints(model):
+                    result = train_step(state, data)
             finally:
                 _tracing.in_step = False
                 _engine.STEP.real = None
@@ -313,8 +315,6 @@ class _ShardedStep:
         if self._losses_checked:
             return
         self._losses_checked = True
-        from kfit import _backend
-
         if added := _backend.layers_that_added_losses(self.model):
             warnings.warn(
                 f"kfit's JAX engine pads the workers' shares of a global minibatch that does not divide among them; "
