@@ -475,7 +475,7 @@ def test_one_reader_serves_every_epoch_until_a_callback_changes_the_plan(monkeyp
     TensorFlow one ``tf.data`` iterator (Keras makes a new one at every epoch begin, whose first minibatch the
     epoch's first step waits for), over h5py one reader thread on every backend (data in memory is gathered by
     ``tf.data`` on TensorFlow, on the trainer's thread elsewhere). A callback that changes what the schedule reads, at an
-    epoch begin, makes the plan read ahead wrong: a new reader starts there, and the steps train the new sizes."""
+    epoch begin, makes a plan already read ahead wrong: a new reader starts there, and the steps train the new sizes."""
     import tensorflow as tf
 
     import kfit.data._adapter as adapter_module
@@ -530,7 +530,11 @@ def test_one_reader_serves_every_epoch_until_a_callback_changes_the_plan(monkeyp
     iterators = 1 if BACKEND == "tensorflow" else 0
     threads = 1 if source == "h5py" else 0
     assert runs["fixed"] == (iterators, threads, [[8] * 5] * 4)
-    assert runs["changed"] == (2 * iterators, 2 * threads, [[8] * 5] * 2 + [[16, 16, 8]] * 2)
+    # A new reader starts where the plan read ahead is stale: when the reader had read epoch 2's plan before the
+    # callback changed the size (it reads ahead on its own thread, so under load it may read it after, and go on).
+    made_iterators, made_threads, step_sizes = runs["changed"]
+    assert iterators <= made_iterators <= 2 * iterators and threads <= made_threads <= 2 * threads, runs["changed"]
+    assert step_sizes == [[8] * 5] * 2 + [[16, 16, 8]] * 2
 
 
 class PausingInTrace(keras.Sequential):
