@@ -453,6 +453,25 @@ def set_global_seed_state(value: np.ndarray) -> None:
     global_seed_generator().state.assign(value)
 
 
+# What each of Keras's built-in callbacks has seen during a run, by attribute: what its next decisions depend on.
+# Keras resets them in on_train_begin (ModelCheckpoint's `best` in __init__); a checkpoint keeps them.
+_KERAS_CALLBACK_STATE = {
+    "EarlyStopping": ("wait", "stopped_epoch", "best", "best_weights", "best_epoch"),
+    "ReduceLROnPlateau": ("wait", "best", "cooldown_counter"),
+    "ModelCheckpoint": ("best", "_batches_seen_since_last_saving", "_last_batch_seen"),
+}
+
+
+def keras_callback_state_attributes(callback: Any) -> tuple[str, ...]:
+    """The attributes of one of Keras's built-in callbacks that hold what it has seen in the run (its counters,
+    the best value, the best weights), or ``()`` for a callback that keeps none kfit knows of. A subclass of one
+    counts as it (its own ``get_state``, if any, is used instead). Checked against Keras 3.10-3.15."""
+    for cls in type(callback).__mro__:
+        if cls.__module__.startswith("keras.") and cls.__name__ in _KERAS_CALLBACK_STATE:
+            return _KERAS_CALLBACK_STATE[cls.__name__]
+    return ()
+
+
 def initial_epoch(model: Any) -> int | None:
     """What :func:`set_initial_epoch` set (None: nothing)."""
     return getattr(model, "_initial_epoch", None)

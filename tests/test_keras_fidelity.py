@@ -280,6 +280,39 @@ def test_resume_is_exact_for_layers_drawing_from_the_global_seed_generator(backe
     assert_same_weights(reference, resumed)
 
 
+def test_keras_callbacks_counters_and_best_survive_a_resume(tmp_path):
+    """Keras's EarlyStopping, ReduceLROnPlateau and ModelCheckpoint decide from what they saw before the
+    interruption: the resumed run lowers the rate, stops, restores the best weights and keeps the best file as
+    the uninterrupted run does. (``min_delta=10``: only the first epoch counts as an improvement, so the
+    counters alone decide; ``mode="max"`` keeps the first epoch's weights as the best file.)"""
+    x, y = regression_data(64)
+
+    def train(run_dir, max_samples=None):
+        keras.utils.set_random_seed(2)
+        model = compiled(mlp(), optimizer=keras.optimizers.SGD(0.05))
+        best = keras.callbacks.ModelCheckpoint(str(run_dir / "best.weights.h5"), monitor="loss", mode="max",
+                                               save_best_only=True, save_weights_only=True)
+        history = kfit.fit(model, x, y, minibatch_size=16, epochs=7, seed=0, verbose=0, max_samples=max_samples, callbacks=[
+            keras.callbacks.ReduceLROnPlateau(monitor="loss", min_delta=10, patience=2, factor=0.5),
+            keras.callbacks.EarlyStopping(monitor="loss", min_delta=10, patience=5, restore_best_weights=True),
+            best, kfit.callbacks.Checkpoint(run_dir / "run.ckpt", frequency="1ep")])
+        return model, history, best
+
+    reference, reference_history, reference_best = train(tmp_path / "once")
+    # (what the counters make of seven epochs: two cuts of the rate, a stop after the sixth epoch)
+    assert reference_history.history["learning_rate"] == pytest.approx([0.05] * 3 + [0.025] * 2 + [0.0125])
+    train(tmp_path / "twice", max_samples=64 * 3)  # interrupted after epoch 3: a rate cut due at the next
+    resumed, history, best = train(tmp_path / "twice")
+
+    assert history.history["learning_rate"] == reference_history.history["learning_rate"]
+    assert_same_weights(reference, resumed)  # the first epoch's weights, restored by EarlyStopping
+    assert best.best == reference_best.best
+    saved = [compiled(mlp()), compiled(mlp())]
+    for model, run_dir in zip(saved, ("once", "twice")):
+        model.load_weights(str(tmp_path / run_dir / "best.weights.h5"))
+    assert_same_weights(*saved)
+
+
 def test_backup_and_restore_resumes_at_the_saved_epoch_as_under_model_fit(tmp_path):
     x, y = regression_data(32)
 

@@ -57,15 +57,60 @@ def state_key(callback: Any) -> str:
     return callback.name if hasattr(type(callback), "default_name") else type(callback).__name__
 
 
+class KerasCallbackState:
+    """``get_state`` / ``set_state`` for one of Keras's built-in callbacks whose decisions depend on what it has
+    seen (``EarlyStopping``'s wait and best weights, ``ReduceLROnPlateau``'s wait and cooldown,
+    ``ModelCheckpoint``'s best value): a resumed run decides as the uninterrupted run does. Keras resets them in
+    ``on_train_begin``; the loop restores after it. Its key: the class name and what it monitors, e.g.
+    ``EarlyStopping(val_loss)`` (a second of the same kind: ``EarlyStopping(val_loss)#2``)."""
+
+    default_name = "keras_callback"  # (the key is its name: see state_key)
+
+    def __init__(self, callback: Any, attributes: tuple[str, ...], name: str):
+        self.callback, self.attributes, self.name = callback, attributes, name
+
+    def get_state(self) -> dict[str, Any]:
+        return {name: getattr(self.callback, name, None) for name in self.attributes}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        for name in self.attributes:
+            if name in state:
+                setattr(self.callback, name, state[name])
+
+
+def _with_state(callback: Any) -> Any:
+    """``callback`` if it has ``get_state``; a :class:`KerasCallbackState` for a Keras callback with counters;
+    else None."""
+    if callable(getattr(callback, "get_state", None)):
+        return callback
+    attributes = _backend.keras_callback_state_attributes(callback)
+    if not attributes:
+        return None
+    monitor = getattr(callback, "monitor", None)
+    return KerasCallbackState(callback, attributes, type(callback).__name__ + (f"({monitor})" if monitor else ""))
+
+
 def stateful_callbacks(callbacks: list) -> dict[str, Any]:
-    """The callbacks that have ``get_state``, by key (checkpoint callbacks excluded).
+    """The callbacks that have ``get_state``, by key (checkpoint callbacks excluded), and the
+    :class:`KerasCallbackState` of Keras's built-in callbacks that keep counters.
 
     Raises:
         ValueError: two callbacks have the same key.
     """
     keyed: dict[str, Any] = {}
     for callback in callbacks:
-        if getattr(callback, "writes_checkpoints", False) or not callable(getattr(callback, "get_state", None)):
+        if getattr(callback, "writes_checkpoints", False):
+            continue
+        stateful = _with_state(callback)
+        if stateful is None:
+            continue
+        if isinstance(stateful, KerasCallbackState):
+            key = stateful.name  # a Keras callback has no name to give: a second one of the same kind is numbered
+            number = 2
+            while key in keyed:
+                key, number = f"{stateful.name}#{number}", number + 1
+            stateful.name = key
+            keyed[key] = stateful
             continue
         key = state_key(callback)
         if key in keyed and keyed[key] is not callback:
