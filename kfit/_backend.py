@@ -459,6 +459,7 @@ _KERAS_CALLBACK_STATE = {
     "EarlyStopping": ("wait", "stopped_epoch", "best", "best_weights", "best_epoch"),
     "ReduceLROnPlateau": ("wait", "best", "cooldown_counter"),
     "ModelCheckpoint": ("best", "_batches_seen_since_last_saving", "_last_batch_seen"),
+    "TensorBoard": ("_global_train_batch", "_global_test_batch"),  # the steps of its batch-level summaries
 }
 
 

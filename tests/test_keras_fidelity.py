@@ -313,6 +313,35 @@ def test_keras_callbacks_counters_and_best_survive_a_resume(tmp_path):
     assert_same_weights(*saved)
 
 
+def test_keras_tensorboard_batch_steps_go_on_after_a_resume(tmp_path):
+    """Keras's TensorBoard with ``update_freq=1``: a run interrupted mid-epoch and resumed into the same log
+    folder writes each step's ``batch_loss`` once, at the step the uninterrupted run gives it, with its value."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    x, y = regression_data(64)
+
+    def train(run_dir, max_samples=None):
+        keras.utils.set_random_seed(2)
+        model = compiled(mlp(), optimizer=keras.optimizers.SGD(0.05))
+        kfit.fit(model, x, y, minibatch_size=16, epochs=3, seed=0, verbose=0, max_samples=max_samples, callbacks=[
+            keras.callbacks.TensorBoard(str(run_dir / "tb"), update_freq=1),
+            kfit.callbacks.Checkpoint(run_dir / "run.ckpt", frequency=16)])
+
+    def batch_losses(run_dir):
+        accumulator = EventAccumulator(str(run_dir / "tb" / "train"), size_guidance={"tensors": 0})
+        accumulator.Reload()
+        return [(event.step, float(make_ndarray(event.tensor_proto))) for event in accumulator.Tensors("batch_loss")]
+
+    train(tmp_path / "once")
+    train(tmp_path / "twice", max_samples=16 * 6)  # stopped after the second step of the second epoch
+    train(tmp_path / "twice")
+
+    reference = batch_losses(tmp_path / "once")
+    assert [step for step, _ in reference] == list(range(1, 13))
+    assert batch_losses(tmp_path / "twice") == reference
+
+
 def test_backup_and_restore_resumes_at_the_saved_epoch_as_under_model_fit(tmp_path):
     x, y = regression_data(32)
 

@@ -161,7 +161,7 @@ def save_checkpoint(
         stream: a :class:`kfit.data.SampleStream`.
         callbacks: callbacks whose ``get_state()`` is saved (keyed by their ``name``; other Keras callbacks
             by class name), and the counters and best values of Keras's ``EarlyStopping``,
-            ``ReduceLROnPlateau`` and ``ModelCheckpoint`` (keyed by class and monitor, e.g.
+            ``ReduceLROnPlateau``, ``ModelCheckpoint`` and ``TensorBoard`` (keyed by class and monitor, e.g.
             ``EarlyStopping(val_loss)``).
         history: a ``keras.callbacks.History``.
         keep: how many numbered checkpoints ``PATH.<samples>`` to keep (1: only ``PATH``).

@@ -60,7 +60,8 @@ def state_key(callback: Any) -> str:
 class KerasCallbackState:
     """``get_state`` / ``set_state`` for one of Keras's built-in callbacks whose decisions depend on what it has
     seen (``EarlyStopping``'s wait and best weights, ``ReduceLROnPlateau``'s wait and cooldown,
-    ``ModelCheckpoint``'s best value): a resumed run decides as the uninterrupted run does. Keras resets them in
+    ``ModelCheckpoint``'s best value, ``TensorBoard``'s batch steps): a resumed run decides as the uninterrupted
+    run does. Keras resets them in
     ``on_train_begin``; the loop restores after it. Its key: the class name and what it monitors, e.g.
     ``EarlyStopping(val_loss)`` (a second of the same kind: ``EarlyStopping(val_loss)#2``)."""
 
