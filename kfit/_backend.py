@@ -68,8 +68,11 @@ def hold_writes(model: Any) -> Callable[[], None]:
 
     Keras's JAX ``fit`` keeps the training state in a local variable between steps; a callback can only
     reach it through a full sync. Instead, ``model.train_function`` (built before ``on_train_begin``) is
-    wrapped to write the pending values into the state it receives. Returns the function that unwraps it.
-    ``train_function(state, iterator)`` is a Keras internal, checked against Keras 3.10-3.15.
+    wrapped to write the pending values into the state it receives, and ``model.jax_state_sync`` (which any
+    callback's ``self.model`` calls) to write them into the Keras variables, so that a callback reading a variable
+    sees the value set for the next step, as under ``model.fit``. Returns the function that unwraps both.
+    ``train_function(state, iterator)`` and ``jax_state_sync()`` are Keras internals, checked against Keras
+    3.10-3.15.
     """
     if BACKEND != "jax" or getattr(model, "train_function", None) is None:
         return lambda: None
@@ -88,10 +91,23 @@ def hold_writes(model: Any) -> Callable[[], None]:
         return original(state, iterator)
 
     model.train_function = train_function
+    keras_sync = model.jax_state_sync
+
+    def jax_state_sync() -> None:
+        keras_sync()
+        if writes:  # the variables now hold the state, and the next step reads them
+            groups = _group_variables(model)
+            for group, index, value in writes.values():
+                groups[group][index].assign(value)
+            writes.clear()
+
+    object.__setattr__(model, "jax_state_sync", jax_state_sync)
 
     def release() -> None:
         if model.train_function is train_function:
             model.train_function = original
+        if vars(model).get("jax_state_sync") is jax_state_sync:
+            del vars(model)["jax_state_sync"]
         _pending_writes.pop(model, None)
         _positions.pop(model, None)
 
@@ -134,13 +150,7 @@ def read_variable(model: Any, variable: Any) -> np.ndarray:
 def sync_model(model: Any) -> None:
     """Makes the Keras variables hold the latest training state (a no-op off JAX)."""
     if BACKEND == "jax" and getattr(model, "_jax_state", None) and hasattr(model, "jax_state_sync"):
-        model.jax_state_sync()
-        writes = _pending_writes.get(model)
-        if writes:  # the variables now hold the state, and the next step reads them
-            groups = _group_variables(model)
-            for group, index, value in writes.values():
-                groups[group][index].assign(value)
-            writes.clear()
+        model.jax_state_sync()  # (with the writes :func:`hold_writes` holds)
 
 
 def before_empty_step(model: Any) -> None:

@@ -109,6 +109,61 @@ def test_a_subclass_step_hook_runs_at_every_step_while_the_value_holds(loop):
     assert seen == [(0, 16), (16, 16), (32, 16), (48, 2), (50, 16), (66, 16), (82, 16), (98, 2)]
 
 
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+def test_a_subclass_with_keras_legacy_batch_hooks_gets_them_at_every_step(loop):
+    """Keras calls ``on_batch_begin``/``on_batch_end`` (the legacy aliases) from ``on_train_batch_begin/end``: a kfit
+    callback's subclass that has them gets them at every step, also while the schedule's own hook sleeps, and
+    the rates it applies are the schedule's."""
+    x, y = regression_data(50)
+    model = mlp()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    seen = []
+
+    class Legacy(kfit.callbacks.LearningRateSchedule):
+        def on_batch_begin(self, batch, logs=None):
+            seen.append(("begin", batch, float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))))
+
+        def on_batch_end(self, batch, logs=None):
+            seen.append(("end", batch, sorted(logs)))
+
+    schedule = Legacy(kfit.schedules.learning_rate_per_sample(0.01))
+    if loop == "model.fit":
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=50), schedule])
+    else:
+        kfit.fit(model, x, y, minibatch_size=16, epochs=2, shuffle=False, seed=0, verbose=0, callbacks=[schedule])
+    rates = [0.16, 0.16, 0.16, 0.02] * 2  # 0.01 per sample: 16 samples, and the last 2 of each epoch
+    expected = []
+    for batch, rate in zip([0, 1, 2, 3] * 2, rates):
+        expected += [("begin", batch, pytest.approx(rate)), ("end", batch, ["loss"])]
+    assert seen == expected
+
+
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+def test_a_keras_callback_reads_the_rate_a_schedule_set_for_the_step(loop):
+    """A Keras callback after a kfit schedule reads, through ``self.model``, the learning rate of the step about to
+    run, as it would read one set by Keras's own ``LearningRateScheduler`` (on JAX, kfit hands a changed value to
+    the next step without a state sync; a callback's sync must not show it the value before)."""
+    x, y = regression_data(48)
+    model = mlp()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    seen = []
+
+    class Reader(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+
+    schedule = kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample([0.01, 0.001], epoch_size=24))
+    if loop == "model.fit":
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=48), schedule, Reader()])
+    else:
+        kfit.fit(model, x, y, minibatch_size=16, epochs=2, shuffle=False, seed=0, verbose=0,
+                 callbacks=[schedule, Reader()])
+    # Steps of 16 samples from 0, 16, 32 (epoch 1) and 48, 64, 80: the rate per sample is 0.01 below sample 24.
+    assert seen == pytest.approx([0.16, 0.16, 0.016, 0.016, 0.016, 0.016])
+
+
 @pytest.mark.parametrize("case", ["boundary_mid_epoch", "boundary_in_minibatches", "reset_from_a_keras_callback"])
 def test_a_schedule_after_the_clock_applies_every_change_on_time(case):
     """Placed after the SampleClock, a schedule whose value holds is not even called at most steps under plain

@@ -57,6 +57,17 @@ def _flushing(hook: Any) -> Any:
     return wrapper
 
 
+def _no_batch_end(self: Any, batch: int, logs: dict | None = None) -> None:
+    """The batch-end hook of a kfit callback that acts at no step end: Keras's default, without its second call at
+    every step (to ``on_batch_end``, made only where a subclass has one). Marked as Keras marks its defaults, so
+    that Keras keeps dispatching batch ends asynchronously."""
+    if self._legacy_batch_end:
+        self.on_batch_end(batch, logs=logs)
+
+
+_no_batch_end._is_default = True
+
+
 class KfitCallback(keras.callbacks.Callback):
     """A Keras callback that follows kfit's sample clock and has a state.
 
@@ -72,6 +83,7 @@ class KfitCallback(keras.callbacks.Callback):
 
     default_name = "callback"
     _steps_begin = False  # whether on_step_begin does anything (set by set_model: every step reads it)
+    _legacy_batch_begin = _legacy_batch_end = False  # whether a subclass has on_batch_begin / on_batch_end
     #: True when the callback needs kfit.fit's data stream (it cannot work under plain model.fit).
     needs_stream = False
     #: kfit.fit calls callbacks in increasing ``order`` (stable): cross-validation (-10) before the
@@ -130,9 +142,15 @@ class KfitCallback(keras.callbacks.Callback):
         run = self._run
         driver = run.driver
         if driver is not None and driver.pending_batch != batch and driver.batch_begin(run.clock or self.clock, batch) is False:
+            if self._legacy_batch_begin:
+                self.on_batch_begin(batch, logs=logs)
             return  # the epoch's data ended: Keras finds no step to run
         if self._steps_begin:
             self.on_step_begin(run.clock or self.clock)
+        if self._legacy_batch_begin:
+            self.on_batch_begin(batch, logs=logs)
+
+    on_train_batch_end = _no_batch_end
 
     def _dispatch_step_end(self, batch: int, logs: dict | None = None) -> None:
         run = self._run
@@ -140,6 +158,8 @@ class KfitCallback(keras.callbacks.Callback):
         if driver is not None:
             driver.batch_end(clock)
         self.on_step_end(clock, logs)
+        if self._legacy_batch_end:
+            self.on_batch_end(batch, logs=logs)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Only callbacks that act after each step get a batch-end hook: Keras calls batch-end hooks
@@ -147,6 +167,9 @@ class KfitCallback(keras.callbacks.Callback):
         super().__init_subclass__(**kwargs)
         if "on_step_end" in cls.__dict__ and "on_train_batch_end" not in cls.__dict__:
             cls.on_train_batch_end = KfitCallback._dispatch_step_end
+        # Keras's legacy aliases: its on_train_batch_begin/end call on_batch_begin/end; kfit's do where a subclass has them.
+        cls._legacy_batch_begin = cls.on_batch_begin is not keras.callbacks.Callback.on_batch_begin
+        cls._legacy_batch_end = cls.on_batch_end is not keras.callbacks.Callback.on_batch_end
         # Under plain model.fit the clock counts a finished step at the next hook that reads it.
         for hook in ("on_train_begin", "on_epoch_begin", "on_epoch_end", "on_train_end"):
             if hook in cls.__dict__ and not getattr(cls.__dict__[hook], "_kfit_flushes", False):

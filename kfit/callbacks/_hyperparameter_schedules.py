@@ -120,7 +120,8 @@ class _HyperparameterSchedule(KfitCallback):
     def set_model(self, model: Any) -> None:
         super().set_model(model)
         # The batch hook below skips on_step_begin where the value holds, unless a subclass has its own.
-        self._skips_steps = getattr(self.on_step_begin, "__func__", None) is _HyperparameterSchedule.on_step_begin
+        self._skips_steps = (getattr(self.on_step_begin, "__func__", None) is _HyperparameterSchedule.on_step_begin
+                             and not self._legacy_batch_begin)
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         # Most steps, when another kfit callback (the clock's) has planned the step: on_step_begin's first test
