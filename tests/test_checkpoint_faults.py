@@ -173,6 +173,23 @@ def test_ctrl_c_lost_inside_other_code_is_raised_again_at_the_next_step(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sigint", ["ignore", "own"])
+def test_a_program_that_ignores_or_handles_ctrl_c_itself_keeps_its_choice(tmp_path, sigint):
+    """A job that ignores SIGINT (started with ``&`` from a script, as CI runners and nohup'd jobs are) or handles it
+    itself keeps doing so while a Checkpoint trains: kfit's handler neither turns that Ctrl-C into a stop nor raises
+    one at the next step; training runs to its end."""
+    options = {"checkpoint": {"frequency": 30}, "step_sleep": 0.02, "epochs": 3, "sigint": sigint}
+    child = Child(["train", str(tmp_path), json.dumps(options)])
+    child.wait_for(lambda e: e["event"] == "step" and e["samples"] >= 60)
+    child.process.send_signal(signal.SIGINT)
+    code = child.finish()
+    assert code == 0 and "KeyboardInterrupt" not in child.stderr, child.stderr[-3000:]
+    steps = [e["samples"] for e in child.events if e["event"] == "step"]
+    assert steps[-1] == 3 * 96 and any(e["event"] == "done" for e in child.events)
+    assert any(e["event"] == "own_handler" for e in child.events) == (sigint == "own")
+
+
+@pytest.mark.slow
 def test_sigterm_with_save_on_preemption_saves_and_resumes_bit_identically(tmp_path):
     reference, preempted = tmp_path / "reference", tmp_path / "preempted"
     reference.mkdir()

@@ -400,7 +400,7 @@ class Checkpoint(KfitCallback):
             print(f"kfit: a checkpoint write failed: {error}", file=sys.stderr, flush=True)
         self._training = False
         self._lock.release()
-        if signum == signal.SIGINT:
+        if signum == signal.SIGINT and self._guard.raises_keyboard_interrupt(signum):
             # Python's handler raises KeyboardInterrupt in whatever frame the main thread is in, and C code that
             # checks for signals may clear it (seen here in NumPy's conversion of a JAX array in Keras's batch
             # logs): training would then go on as if Ctrl-C had never come. If it does, the next callback hook

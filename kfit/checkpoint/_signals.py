@@ -6,7 +6,8 @@ checkpoint being written on a background thread. A :class:`SignalGuard` installe
 training run sees the signal first: its owner may finish its write or defer the signal (to save at the
 next step boundary), then the signal goes on to the handler that was there before (Ctrl-C raises
 ``KeyboardInterrupt``; SIGTERM's default ends the process, with the usual "killed by SIGTERM" status).
-Handlers can only be set in the main thread: elsewhere the guard does nothing.
+Handlers can only be set in the main thread: elsewhere the guard does nothing. A signal that the process
+ignores (``SIG_IGN``: a job started with ``&`` from a script ignores SIGINT) is left ignored.
 """
 
 from __future__ import annotations
@@ -36,8 +37,14 @@ class SignalGuard:
         if self._previous or threading.current_thread() is not threading.main_thread():
             return
         for signum in SIGNALS:
-            self._previous[signum] = signal.getsignal(signum)
-            signal.signal(signum, self._handle)
+            self._previous[signum] = previous = signal.getsignal(signum)
+            if previous != signal.SIG_IGN:  # a signal the process ignores (nohup'd, or `cmd &`) stays ignored
+                signal.signal(signum, self._handle)
+
+    def raises_keyboard_interrupt(self, signum: int) -> bool:
+        """Whether the handler the signal goes on to is Python's own Ctrl-C handler (it raises ``KeyboardInterrupt``;
+        a handler of the program's own may let training go on, as it chooses)."""
+        return self._previous.get(signum) is signal.default_int_handler
 
     def uninstall(self) -> None:
         """Puts the previous handlers back (leaving any handler set since by someone else)."""

@@ -9,7 +9,10 @@ Modes:
              checkpoint write waits before it writes, after printing {"event": "writing", "n": n}),
              fill_disk_at (samples: fill the disk once the clock passes it), epochs, swallow_ctrl_c_at
              (samples: at the first step past it, print {"event": "sleeping"} and sleep in a callback that
-             swallows KeyboardInterrupt, as some compiled code does, printing {"event": "swallowed"}).
+             swallows KeyboardInterrupt, as some compiled code does, printing {"event": "swallowed"}), sigint
+             ("ignore": the process ignores SIGINT, as a job started with `&` from a script does; "own": a
+             handler of the program's own, which prints {"event": "own_handler"} and lets training go on).
+             Otherwise SIGINT has Python's own handler, whatever the test runner's disposition was.
   disk_full  OPTIONS_JSON maps scenario names to train options (or {"save_checkpoint": true}: save, fill
              the disk, save again); each runs in DIRECTORY/<name>, catches the CheckpointError, empties the
              disk again and prints a JSON report of what is on disk.
@@ -17,6 +20,7 @@ Modes:
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -107,6 +111,13 @@ def train(directory: str, options: dict):
     if options.get("slow_write"):
         slow_writes(options["slow_write"])
     model, x, y = model_and_data()
+    sigint = options.get("sigint")
+    if sigint == "ignore":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    elif sigint == "own":
+        signal.signal(signal.SIGINT, lambda signum, frame: say(event="own_handler"))
+    else:  # a child of a runner started in the background inherits SIGINT ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     checkpoint = kfit.callbacks.Checkpoint(os.path.join(directory, "run.ckpt"), **options.get("checkpoint", {}))
     steps = Steps(directory, options.get("step_sleep", 0.0), options.get("fill_disk_at"), checkpoint,
                   options.get("swallow_ctrl_c_at"))
