@@ -122,7 +122,8 @@ class Checkpoint(KfitCallback):
     ``save_on_preemption`` a SIGTERM (how SLURM and Kubernetes preempt a job) saves the state at the end of
     the step being trained (at the epoch's end when that step ends an epoch), then ends the process as
     SIGTERM would have, so that a preempted run resumes bit-identically and loses no work. Signal handlers
-    are installed when training begins (in the main thread only) and the previous ones put back when it ends.
+    are installed when training begins (in the main thread only) and the previous ones put back when it ends;
+    a signal the process ignores stays ignored.
     One writer per path: the callback holds ``path + ".lock"`` from the start of training to its end, and
     a second writer on the path (another callback, here or in another process) is refused naming the holder.
 
