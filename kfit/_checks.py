@@ -94,6 +94,20 @@ def choice(name: str, value: Any, choices: tuple) -> Any:
     return value
 
 
+def callback_list(name: str, value: Any) -> list:
+    """``value`` as a list of callbacks, as ``model.fit`` takes them: None, one callback, or a list or tuple."""
+    import keras
+
+    if value is None:
+        return []
+    if isinstance(value, keras.callbacks.Callback):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(c, keras.callbacks.Callback) or hasattr(c, "set_model")
+                                                 for c in value):  # (Keras calls any object with the hooks)
+        return list(value)
+    raise _fail(name, "a keras.callbacks.Callback or a list of them", value, allow_none=True)
+
+
 def _checks_int(value: Any) -> bool:
     return is_integer(value) or _is_bool(value)
 

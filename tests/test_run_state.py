@@ -164,6 +164,9 @@ BAD_ARGUMENTS = [
     ({"pad_remainders": "yes"}, r"`pad_remainders`: expected True or False. Received: pad_remainders='yes'"),
     ({"epoch_size": 0}, r"epoch_size=0"),
     ({"max_samples": -5}, r"max_samples=-5"),
+    ({"callbacks": "progress"}, r"`callbacks`: expected a keras.callbacks.Callback or a list of them or None. "
+                                r"Received: callbacks='progress'"),
+    ({"callbacks": [None]}, r"Received: callbacks=\[None\]"),
 ]
 
 
@@ -179,6 +182,18 @@ def test_kfit_fit_validates_its_arguments_the_same_on_both_paths(arguments, matc
             kfit.fit(model, x, y, **{"verbose": 0, **arguments, **extra})
         assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights())), extra  # nothing trained
         assert _kfit_state(model) == [] and kfit.get_context(model) is None
+
+
+@pytest.mark.parametrize("extra", [{}, {"seed": 0}], ids=["model.fit path", "stream path"])
+def test_one_callback_or_a_tuple_of_them_as_model_fit_takes_them(extra):
+    """``model.fit(callbacks=cb)`` takes one callback, not in a list, and a tuple: so does kfit.fit, on both paths."""
+    x, y = _data()
+    model = _model()
+    ends = []
+    single = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: ends.append(epoch))
+    kfit.fit(model, x, y, minibatch_size=8, epochs=2, verbose=0, callbacks=single, **extra)
+    kfit.fit(model, x, y, minibatch_size=8, epochs=1, verbose=0, callbacks=(single,), **extra)
+    assert ends == [0, 1, 0]
 
 
 def test_a_wrong_type_is_also_a_type_error():

@@ -17,7 +17,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from kfit import _backend, _run
+from kfit import _backend, _checks, _run
 from kfit.callbacks._sample_clock import SampleClock
 from kfit.checkpoint import _restore
 from kfit.clock import Clock
@@ -142,7 +142,7 @@ def fit(
         >>> [s.samples for s in history.epoch_summaries]
         [40, 40, 20]
     """
-    callbacks = list(callbacks or [])
+    callbacks = _checks.callback_list("callbacks", callbacks)
     options = FitOptions.from_arguments(
         batch_size=batch_size, callbacks=callbacks, sample_weight=sample_weight, minibatch_size=minibatch_size,
         epochs=epochs, verbose=verbose, validation_split=validation_split, shuffle=shuffle, class_weight=class_weight,
