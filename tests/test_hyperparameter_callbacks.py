@@ -86,6 +86,16 @@ def test_plain_model_fit_with_schedule_callbacks_trains_like_kfit_fit():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def _train_two_epochs_of_16(loop: str, model, x, y, callbacks: list) -> None:
+    """Two epochs of minibatches of 16 in order, by plain ``model.fit`` (the clock's callback first: it plans each
+    step, and a schedule's fast path applies) or by ``kfit.fit``."""
+    if loop == "model.fit":
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=len(x)), *callbacks])
+    else:
+        kfit.fit(model, x, y, minibatch_size=16, epochs=2, shuffle=False, seed=0, verbose=0, callbacks=callbacks)
+
+
 @pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
 def test_a_subclass_step_hook_runs_at_every_step_while_the_value_holds(loop):
     """A schedule's own work is skipped on the steps where its value holds; a subclass's ``on_step_begin`` is not:
@@ -101,11 +111,7 @@ def test_a_subclass_step_hook_runs_at_every_step_while_the_value_holds(loop):
             seen.append((clock.samples, clock.minibatch_size))
 
     schedule = Noted(kfit.schedules.learning_rate_per_sample(0.01))
-    if loop == "model.fit":  # the clock's callback first: it plans each step, the schedule's fast path applies
-        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
-                  callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=50), schedule])
-    else:
-        kfit.fit(model, x, y, minibatch_size=16, epochs=2, shuffle=False, seed=0, verbose=0, callbacks=[schedule])
+    _train_two_epochs_of_16(loop, model, x, y, [schedule])
     assert seen == [(0, 16), (16, 16), (32, 16), (48, 2), (50, 16), (66, 16), (82, 16), (98, 2)]
 
 
@@ -127,11 +133,7 @@ def test_a_subclass_with_keras_legacy_batch_hooks_gets_them_at_every_step(loop):
             seen.append(("end", batch, sorted(logs)))
 
     schedule = Legacy(kfit.schedules.learning_rate_per_sample(0.01))
-    if loop == "model.fit":
-        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
-                  callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=50), schedule])
-    else:
-        kfit.fit(model, x, y, minibatch_size=16, epochs=2, shuffle=False, seed=0, verbose=0, callbacks=[schedule])
+    _train_two_epochs_of_16(loop, model, x, y, [schedule])
     rates = [0.16, 0.16, 0.16, 0.02] * 2  # 0.01 per sample: 16 samples, and the last 2 of each epoch
     expected = []
     for batch, rate in zip([0, 1, 2, 3] * 2, rates):
@@ -154,12 +156,7 @@ def test_a_keras_callback_reads_the_rate_a_schedule_set_for_the_step(loop):
             seen.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
 
     schedule = kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample([0.01, 0.001], epoch_size=24))
-    if loop == "model.fit":
-        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
-                  callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=48), schedule, Reader()])
-    else:
-        kfit.fit(model, x, y, minibatch_size=16, epochs=2, shuffle=False, seed=0, verbose=0,
-                 callbacks=[schedule, Reader()])
+    _train_two_epochs_of_16(loop, model, x, y, [schedule, Reader()])
     # Steps of 16 samples from 0, 16, 32 (epoch 1) and 48, 64, 80: the rate per sample is 0.01 below sample 24.
     assert seen == pytest.approx([0.16, 0.16, 0.016, 0.016, 0.016, 0.016])
 
