@@ -161,6 +161,31 @@ def test_a_keras_callback_reads_the_rate_a_schedule_set_for_the_step(loop):
     assert seen == pytest.approx([0.16, 0.16, 0.016, 0.016, 0.016, 0.016])
 
 
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+def test_gradient_accumulation_counts_every_sample_of_an_update(loop):
+    """With Keras's ``gradient_accumulation_steps=2`` an update averages two minibatches of 8: a per-sample rate and
+    a momentum time constant are converted for its 16 samples, so training matches minibatches of 16 without
+    accumulation (a schedule means the same whatever the minibatch; before, the rate was half)."""
+    x, y = regression_data(64)
+    results = []
+    for size, accumulation in ((16, None), (8, 2)):
+        model = mlp()
+        model.compile(optimizer=kfit.optimizers.MomentumSGD(gradient_accumulation_steps=accumulation), loss="mse")
+        callbacks = [kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample([0.004, 0.001], epoch_size=32)),
+                     kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant([40, 100], epoch_size=32))]
+        if loop == "model.fit":
+            history = model.fit(x, y, batch_size=size, epochs=2, shuffle=False, verbose=0,
+                                callbacks=[kfit.callbacks.SampleClock(batch_size=size, num_samples=64), *callbacks])
+        else:
+            history = kfit.fit(model, x, y, minibatch_size=size, epochs=2, shuffle=False, seed=0, verbose=0,
+                               callbacks=callbacks)
+        results.append((weights(model), history.history["lr"]))
+    for a, b in zip(results[0][0], results[1][0]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for _, rates in results:  # the rate in force at each epoch's end, for updates of 16 samples
+        assert rates == pytest.approx([0.001 * 16, 0.001 * 16])
+
+
 @pytest.mark.parametrize("case", ["boundary_mid_epoch", "boundary_in_minibatches", "reset_from_a_keras_callback"])
 def test_a_schedule_after_the_clock_applies_every_change_on_time(case):
     """Placed after the SampleClock, a schedule whose value holds is not even called at most steps under plain

@@ -26,6 +26,14 @@ def _as_hyperparameter_schedule(schedule: Any, kind: str, default_factory: Any, 
     return default_factory(schedule)
 
 
+def gradient_accumulation_steps(optimizer: Any) -> int:
+    """How many steps the optimizer averages into one update (Keras's ``gradient_accumulation_steps``; 1 without;
+    a ``LossScaleOptimizer``'s is its inner optimizer's)."""
+    steps = getattr(optimizer, "gradient_accumulation_steps", None) or getattr(
+        getattr(optimizer, "inner_optimizer", None), "gradient_accumulation_steps", None)
+    return int(steps) if steps else 1
+
+
 class _HyperparameterSchedule(KfitCallback):
     """Sets one optimizer hyperparameter before every step from a schedule and the minibatch size."""
 
@@ -39,6 +47,7 @@ class _HyperparameterSchedule(KfitCallback):
         # Resets: (samples, minibatches, schedule) from which a new schedule holds, relative to its start.
         self._resets: list[tuple[int, int, Any]] = []
         self._variable = None
+        self._accumulation = 1  # the optimizer's gradient_accumulation_steps (read when training begins)
         self._applied: float | None = None
         self._published: tuple | None = None
         # The value of the last full minibatch, and its size: what the epoch's logs report (a minibatch
@@ -101,12 +110,20 @@ class _HyperparameterSchedule(KfitCallback):
         if optimizer is None:
             raise ValueError(f"{type(self).__name__} needs a compiled model with an optimizer.")
         self._variable = self._target_variable(optimizer)
+        self._accumulation = gradient_accumulation_steps(optimizer)
         self._applied = None
         self._segment = None
         self._unchanged = None
         self._published = None
         self._logged = None
         self._logged_size = None
+
+    def samples_per_update(self, minibatch_size: int) -> int:
+        """The samples of the optimizer's update that ends a step of ``minibatch_size`` samples: the minibatch,
+        times the optimizer's ``gradient_accumulation_steps`` (Keras then averages that many steps' gradients in one
+        update). A per-sample rate or a time constant is converted for that many samples; exact when the
+        accumulated steps have one size (an epoch's shorter last step makes that update approximate)."""
+        return minibatch_size * self._accumulation
 
     def _segment_at(self, samples: int, minibatches: int) -> tuple:
         """The schedule in force at this reading, its value, and the readings ``[samples, until)`` and
@@ -152,7 +169,7 @@ class _HyperparameterSchedule(KfitCallback):
         schedule, scheduled = segment[4], segment[5]
         converted = self._converted
         if converted is None or converted[0] is not schedule or converted[1] != scheduled or converted[2] != size:
-            converted = self._converted = (schedule, scheduled, size, float(schedule.convert(scheduled, size)))
+            converted = self._converted = (schedule, scheduled, size, float(schedule.convert(scheduled, size * self._accumulation)))
         value = converted[3]
         if value != self._applied:
             _backend.set_variable(self._model, self._variable, value)

@@ -89,7 +89,7 @@ def changed_schedules(callbacks: list, info: Any) -> list[str]:
             continue
         schedule, s0, m0 = callback.active_schedule(samples - size)
         try:
-            value = float(schedule.for_minibatch(samples - size - s0, minibatches - 1 - m0, size))
+            value = float(schedule.for_minibatch(samples - size - s0, minibatches - 1 - m0, callback.samples_per_update(size)))
         except Exception:  # noqa: BLE001 - a note is a nicety; the schedule's own errors come at the first step
             continue
         if not math.isclose(value, saved, rel_tol=1e-5, abs_tol=1e-12):
