@@ -186,6 +186,41 @@ def test_gradient_accumulation_counts_every_sample_of_an_update(loop):
         assert rates == pytest.approx([0.001 * 16, 0.001 * 16])
 
 
+@pytest.mark.skipif(BACKEND == "torch", reason="Keras: steps_per_execution must be 1 with the PyTorch backend")
+def test_the_clock_counts_every_step_of_an_execution_under_plain_model_fit():
+    """``compile(steps_per_execution=3)``: Keras calls the batch hooks once per call of 3 steps (the epoch's last
+    call shorter); SampleClock counts all of them, so schedules and the clock agree with kfit.fit's."""
+    x, y = regression_data(50)
+    seen = {}
+    for loop in ("model.fit", "kfit.fit"):
+        model = mlp()
+        model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse", steps_per_execution=3)
+        readings = seen[loop] = []
+
+        class Reader(keras.callbacks.Callback):
+            def __init__(self, readings):
+                super().__init__()
+                self.readings = readings
+
+            def on_train_batch_begin(self, batch, logs=None):
+                clock = kfit.get_clock(self.model)
+                rate = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+                self.readings.append((batch, clock.samples, clock.minibatches, round(rate, 6)))
+
+        schedule = kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample([0.01, 0.001], epoch_size=40))
+        if loop == "model.fit":
+            model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+                      callbacks=[kfit.callbacks.SampleClock(batch_size=8, num_samples=50), schedule, Reader(readings)])
+        else:
+            kfit.fit(model, x, y, minibatch_size=8, epochs=2, shuffle=False, seed=0, verbose=0, callbacks=[schedule, Reader(readings)])
+        clock = kfit.get_clock(model)
+        readings.append((clock.samples, clock.minibatches))
+    # Epochs of 50 samples: steps 0-2 (24 samples), 3-5 (24), 6 (2, at 2 x the rate per sample, which falls at 40).
+    assert seen["model.fit"] == [(0, 0, 0, 0.08), (3, 24, 3, 0.08), (6, 48, 6, 0.002),
+                                 (0, 50, 7, 0.008), (3, 74, 10, 0.008), (6, 98, 13, 0.002), (100, 14)]
+    assert seen["kfit.fit"] == seen["model.fit"]
+
+
 @pytest.mark.parametrize("case", ["boundary_mid_epoch", "boundary_in_minibatches", "reset_from_a_keras_callback"])
 def test_a_schedule_after_the_clock_applies_every_change_on_time(case):
     """Placed after the SampleClock, a schedule whose value holds is not even called at most steps under plain

@@ -117,6 +117,7 @@ class FitDriver(StepDriver):
         self.batch_size = batch_size
         self.num_samples = num_samples
         self._full = [batch_size]  # the pending sizes of a full step (read, never changed)
+        self.per_call = _backend.steps_per_execution(model)  # steps one hook of Keras's covers
         self.sleepers: list = []
         self.wake_at: tuple | None = None
 
@@ -145,8 +146,14 @@ class FitDriver(StepDriver):
         if pending is not None:
             if self.pending_batch == batch:
                 return True
+            if self.per_call > 1:
+                self.pending = None
+                self.count(clock, pending)
+                return self._plan_execution(clock, batch)
             clock.samples += pending[0]  # the previous step finished (one size: its own, counted once)
             clock.minibatches += 1
+        elif self.per_call > 1:
+            return self._plan_execution(clock, batch)
         size, epoch_size = self.batch_size, clock.epoch_size
         if epoch_size and self.num_samples is not None:  # the epoch's last step: what is left of it
             left = epoch_size - clock.samples % epoch_size
@@ -159,6 +166,30 @@ class FitDriver(StepDriver):
         self.pending, self.pending_batch = self._full if size == self.batch_size else [size], batch
         wake_at = self.wake_at
         if wake_at is not None and (size != wake_at[0] or clock.samples >= wake_at[1] or clock.minibatches >= wake_at[2]):
+            self.wake_sleepers()
+        return True
+
+
+    def _plan_execution(self, clock: Clock, batch: int) -> bool:
+        """``compile(steps_per_execution=N)``: Keras's hook ``batch`` begins a call that runs up to ``N`` steps, the
+        last one of an epoch ending it; they all train at the rates set now (Keras cannot change a value between
+        them)."""
+        sizes, samples, epoch_size = [], clock.samples, clock.epoch_size
+        for _ in range(self.per_call):
+            size = self.batch_size
+            if epoch_size and self.num_samples is not None:
+                size = min(size, epoch_size - samples % epoch_size)
+            sizes.append(size)
+            samples += size
+            if epoch_size and samples % epoch_size == 0:
+                break
+        clock.minibatch_size = sizes[0]
+        if sizes[0] != self.applied:
+            _run.apply_minibatch_size(self.model, sizes[0])
+            self.applied = sizes[0]
+        self.pending, self.pending_batch = sizes, batch
+        wake_at = self.wake_at
+        if wake_at is not None and (sizes[0] != wake_at[0] or clock.samples >= wake_at[1] or clock.minibatches >= wake_at[2]):
             self.wake_sleepers()
         return True
 

@@ -17,7 +17,9 @@ class SampleClock(KfitCallback):
     ``model.fit`` does not tell its callbacks how many samples a step consumes; this callback does.
     Add it to ``model.fit``'s callbacks with the ``batch_size`` you give ``model.fit``, and with
     ``num_samples=len(x)`` so that the last, smaller minibatch of each epoch is counted exactly. Under
-    :func:`kfit.fit` it is not needed (the clock is kept by the training loop).
+    :func:`kfit.fit` it is not needed (the clock is kept by the training loop). With
+    ``compile(steps_per_execution=N)`` Keras calls the batch hooks once per call of up to ``N`` steps; the clock
+    counts every one of them (values set by schedules change between calls, as Keras allows).
 
     Args:
         batch_size: the ``batch_size`` given to ``model.fit``.
