@@ -221,6 +221,33 @@ def test_the_clock_counts_every_step_of_an_execution_under_plain_model_fit():
     assert seen["kfit.fit"] == seen["model.fit"]
 
 
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit", "kfit.fit stream"])
+def test_initial_epoch_starts_the_clock_at_that_epoch(loop):
+    """``initial_epoch=2`` (Keras's way to go on with a run) starts the clock at epoch 2's first sample on every
+    path, so that a schedule goes on where the run was, as Keras's epoch-indexed LearningRateScheduler does (under
+    plain model.fit and kfit.fit without a kfit-only argument the clock started at 0)."""
+    x, y = regression_data(32)
+    model = mlp()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    readings = []
+
+    class Reader(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            clock = kfit.get_clock(self.model)
+            rate = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+            readings.append((clock.epoch, clock.samples, clock.minibatches, round(rate, 6)))
+
+    schedule = kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample([0.01, 0.001], epoch_size=64))
+    if loop == "model.fit":
+        model.fit(x, y, batch_size=16, epochs=4, initial_epoch=2, verbose=0,
+                  callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=32), schedule, Reader()])
+    else:
+        kfit.fit(model, x, y, minibatch_size=16, epochs=4, initial_epoch=2, verbose=0, callbacks=[schedule, Reader()],
+                 **({"seed": 0} if loop == "kfit.fit stream" else {}))
+    # Epochs of 32 samples: epoch 2 begins at sample 64, where the rate per sample falls to 0.001.
+    assert readings == [(2, 64, 4, 0.016), (2, 80, 5, 0.016), (3, 96, 6, 0.016), (3, 112, 7, 0.016)]
+
+
 @pytest.mark.parametrize("case", ["boundary_mid_epoch", "boundary_in_minibatches", "reset_from_a_keras_callback"])
 def test_a_schedule_after_the_clock_applies_every_change_on_time(case):
     """Placed after the SampleClock, a schedule whose value holds is not even called at most steps under plain

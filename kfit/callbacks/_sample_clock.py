@@ -62,6 +62,16 @@ class SampleClock(KfitCallback):
         elif steps:
             clock.epoch_size = steps * self.batch_size
 
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        """``model.fit(initial_epoch=e)`` starts at epoch ``e`` (to resume a run): a new clock starts at that epoch's
+        first sample too, as kfit.fit's stream path starts it, so that schedules go on where the run was."""
+        clock = self.clock
+        if epoch > 0 and clock.samples == 0 and clock.minibatches == 0 and clock.epoch_size:
+            steps = (self.params or {}).get("steps")
+            if self.num_samples is not None or not steps:
+                steps = math.ceil(clock.epoch_size / self.batch_size)
+            clock.samples, clock.minibatches = epoch * clock.epoch_size, epoch * steps
+
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         """Counts the epoch's last step (the flush happens in the hook wrapper)."""
 

@@ -471,7 +471,9 @@ class _StreamFit:
             self.run.clock = Clock()
         else:
             validation_data = self._init_stream(x, y, sample_weight, validation_data, o)
-            self.run.clock = Clock(samples=o.initial_epoch * self.epoch_size, epoch_size=self.epoch_size)
+            start = o.initial_epoch * self.epoch_size  # initial_epoch: the clock starts as if those epochs had run
+            minibatches = sum(1 for _ in _plan.plan(0, 0, self.size_at, self.epoch_size, start))
+            self.run.clock = Clock(samples=start, minibatches=minibatches, epoch_size=self.epoch_size)
         self.run.stream = self.stream if self.source is None else self.source
         self.validation_data = validation_data
         self.summaries = EpochSummaries(self.history)
