@@ -237,9 +237,12 @@ class StepDriver:
         raise NotImplementedError
 
     def count(self, clock: Clock, sizes: list[int]) -> None:
-        """Counts a finished step on the clock."""
+        """Counts a finished step (or the steps of one call, ``steps_per_execution``) on the clock."""
+        start = (clock.samples, clock.minibatches)
         for size in sizes:
             clock.advance(size)
+        if len(sizes) > 1:
+            clock.counted_from = start
 
     def batch_begin(self, clock: Clock, batch: int) -> bool:
         """Plans step ``batch``; False when there is no such step (Keras asks for one more step before it finds

@@ -7,7 +7,7 @@ units: an epoch is ``epoch_size`` samples, decoupled from sweeps over the data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kfit import _checks
@@ -34,6 +34,10 @@ class Clock:
     minibatches: int = 0
     epoch_size: int | None = None
     minibatch_size: int | None = None
+    #: ``(samples, minibatches)`` before the steps the last count took together (Keras runs several per call of
+    #: its train function with ``compile(steps_per_execution=N)``), so that :meth:`crossed` sees them all; None
+    #: when one step was counted.
+    counted_from: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _checks.count("samples", self.samples)
@@ -66,6 +70,7 @@ class Clock:
             samples = _checks.count("samples", samples, low=1)
         self.samples += samples
         self.minibatches += 1
+        self.counted_from = None
 
     def crossed(self, interval: Any) -> bool:
         """Whether the step just counted crossed a multiple of ``interval`` (a :class:`kfit.interval.Interval`,

@@ -81,13 +81,18 @@ class Interval:
 
         Samples: a multiple of ``value`` lies in ``(samples - minibatch_size, samples]``. Minibatches: the step's
         count is a multiple. Epochs: the step ended an epoch whose number is a multiple (never when the epoch size
-        is unknown).
+        is unknown). When the clock counted several steps at once (``clock.counted_from``: Keras's
+        ``steps_per_execution``), a multiple crossed by any of them counts.
         """
+        span = getattr(clock, "counted_from", None)
         if self.unit == "sp":
-            size = clock.minibatch_size
-            return bool(size) and (clock.samples - size) // self.value != clock.samples // self.value
+            if span is None:
+                size = clock.minibatch_size
+                return bool(size) and (clock.samples - size) // self.value != clock.samples // self.value
+            return span[0] // self.value != clock.samples // self.value
         if self.unit == "mb":
-            return clock.minibatches > 0 and clock.minibatches % self.value == 0
+            start = span[1] if span is not None else clock.minibatches - 1
+            return clock.minibatches > 0 and start // self.value != clock.minibatches // self.value
         return (bool(clock.epoch_size) and clock.samples > 0 and clock.samples_in_epoch == 0
                 and clock.epoch % self.value == 0)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from conftest import BACKEND
 
 import kfit
 from kfit.callbacks import Checkpoint, CrossValidation
@@ -45,6 +46,30 @@ def test_the_clock_says_when_a_step_crossed_an_interval_in_each_unit():
     assert _steps("5mb", [32, 32, 32, 4] * 3) == [132, 264]
     assert _steps("2ep", sizes) == [200]
     assert _steps("1ep", [30, 30]) == []  # never an epoch end without reaching one
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="Keras: steps_per_execution must be 1 with the PyTorch backend")
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+def test_a_multiple_crossed_inside_a_call_of_several_steps_counts(tmp_path, loop):
+    """``compile(steps_per_execution=3)``: Keras calls the hooks after each call of 3 steps; a multiple of an interval
+    crossed by any of them is seen there (it was missed unless the call's last step crossed it)."""
+    x = np.random.default_rng(0).normal(size=(48, 3)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    model = _model()
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
+    checkpoint = Checkpoint(tmp_path / "run.ckpt", frequency="30sp", preserve_all=True, async_write=False)
+    every_4_minibatches = CrossValidation((x[:8], y[:8]), frequency="4mb")
+    callbacks = [checkpoint, every_4_minibatches]
+    if loop == "model.fit":
+        model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[kfit.callbacks.SampleClock(batch_size=8, num_samples=48), *callbacks])
+    else:
+        kfit.fit(model, x, y, minibatch_size=8, epochs=2, seed=0, verbose=0, callbacks=callbacks)
+    # Calls end at samples 24, 48, 72, 96 (minibatches 3, 6, 9, 12): 30, 60 and 90 lie inside the 2nd, 3rd and 4th
+    # calls, minibatches 4 and 8 inside the 2nd and 3rd, 12 at the end of the 4th.
+    saved = sorted(read_checkpoint_info(p).samples for p in tmp_path.glob("run.ckpt.*"))
+    assert saved == [48, 72, 96]
+    assert [r["samples"] for r in every_4_minibatches.results] == [48, 72, 96]
 
 
 def _model():
