@@ -112,6 +112,26 @@ def test_geometric_intervals_and_first_minibatches(tmp_path):
         assert sum(1 for line in lines if EPOCH.match(line)) == 1
 
 
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="Keras: steps_per_execution must be 1 with PyTorch")
+def test_intervals_due_inside_a_call_of_several_steps_end_with_the_call(tmp_path):
+    """``compile(steps_per_execution=3)``: Keras's hooks come after each call of 3 steps, so an interval due at a
+    minibatch inside a call ends with the call (it was skipped: only the call's last minibatch was tested)."""
+    x, y = data(n=80)
+    model = classifier()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(learning_rate=0.05), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=3)
+    cases = {  # (freq, first): the intervals of an epoch of 10 minibatches, in calls of 1-3, 4-6, 7-9 and 10
+        (4, 0): [(1, 6), (7, 9)],  # 4 lies in the second call, 8 in the third
+        (0, 0): [(1, 3), (4, 9)],  # CNTK's geometric schedule: 1 and 3 in the first call, 7 in the third
+        (None, 2): [(1, 3)],
+    }
+    printers = {case: ProgressPrinter(freq=case[0], first=case[1], log_to_file=tmp_path / f"{case}.log") for case in cases}
+    kfit.fit(model, x, y, minibatch_size=8, epochs=1, seed=0, verbose=0, callbacks=list(printers.values()))
+    for case, expected in cases.items():
+        intervals = [MINIBATCH.match(line) for line in lines_of(tmp_path / f"{case}.log") if MINIBATCH.match(line)]
+        assert [(int(i[1]), int(i[2])) for i in intervals] == expected, case
+
+
 def test_an_interval_in_samples_prints_the_same_lines_whatever_the_minibatch_size(tmp_path):
     x, y = data(n=96)
     spans = {}

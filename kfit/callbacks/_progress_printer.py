@@ -14,7 +14,6 @@ from kfit.callbacks._running_means import (
     HYPERPARAMETER_KEYS,
     IntervalMeans,
     ScheduledValues,
-    is_due,
     to_float,
     without_step_end,
 )
@@ -206,10 +205,10 @@ class ProgressPrinter(KfitCallback):
             self.log(f"Minibatch size: {clock.minibatch_size}")
 
     def _due_in_epoch(self, clock: Clock) -> bool:
-        return is_due(self._intervals.index(clock), self.freq, self.first)
+        return self._intervals.due(clock, self.freq, self.first)
 
     def _due_on_clock(self, clock: Clock) -> bool:
-        return clock.crossed(self.freq) or self._intervals.index(clock) <= self.first
+        return clock.crossed(self.freq) or self._intervals.first_index(clock) <= self.first
 
     def on_step_end(self, clock: Clock, logs: dict | None) -> None:
         if not self._due(clock) or not distributed.is_chief():

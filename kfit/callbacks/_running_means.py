@@ -109,6 +109,20 @@ class IntervalMeans:
         """The 1-based index, within the epoch, of the minibatch the clock has just counted."""
         return clock.minibatches - self.epoch_start_minibatches
 
+    def first_index(self, clock: Clock) -> int:
+        """The 1-based index, within the epoch, of the first minibatch the clock has just counted: the last one, or
+        the first of a call of several steps (``steps_per_execution``)."""
+        if clock.counted_from is None:
+            return clock.minibatches - self.epoch_start_minibatches
+        return clock.counted_from[1] - self.epoch_start_minibatches + 1
+
+    def due(self, clock: Clock, freq: int | None, first: int = 0) -> bool:
+        """Whether a minibatch the clock has just counted ends a progress interval (:func:`is_due`)."""
+        index = clock.minibatches - self.epoch_start_minibatches
+        if clock.counted_from is None:
+            return is_due(index, freq, first)
+        return any(is_due(i, freq, first) for i in range(self.first_index(clock), index + 1))
+
     def samples(self, clock: Clock) -> int:
         """Samples of the current epoch counted by the clock."""
         return clock.samples - self.epoch_start_samples

@@ -16,7 +16,7 @@ from typing import Any
 
 from kfit import _checks, distributed
 from kfit.callbacks._base import KfitCallback
-from kfit.callbacks._running_means import IntervalMeans, ScheduledValues, is_due, to_float, without_step_end
+from kfit.callbacks._running_means import IntervalMeans, ScheduledValues, to_float, without_step_end
 from kfit.clock import Clock
 
 
@@ -211,7 +211,7 @@ class TensorBoardProgressWriter(KfitCallback):
             self.write_value("minibatch_size", clock.minibatch_size, clock.samples)
 
     def on_step_end(self, clock: Clock, logs: dict | None) -> None:
-        if self.freq is None or not is_due(self._intervals.index(clock), self.freq) or not distributed.is_chief():
+        if self.freq is None or not self._intervals.due(clock, self.freq) or not distributed.is_chief():
             return
         interval = self._intervals.interval(clock, logs)
         for key, value in interval.means.items():
