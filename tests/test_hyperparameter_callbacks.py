@@ -86,6 +86,12 @@ def test_plain_model_fit_with_schedule_callbacks_trains_like_kfit_fit():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def _sgd_mlp() -> keras.Model:
+    model = mlp()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    return model
+
+
 def _train_two_epochs_of_16(loop: str, model, x, y, callbacks: list) -> None:
     """Two epochs of minibatches of 16 in order, by plain ``model.fit`` (the clock's callback first: it plans each
     step, and a schedule's fast path applies) or by ``kfit.fit``."""
@@ -101,8 +107,7 @@ def test_a_subclass_step_hook_runs_at_every_step_while_the_value_holds(loop):
     """A schedule's own work is skipped on the steps where its value holds; a subclass's ``on_step_begin`` is not:
     it runs before every step, at the clock reading and minibatch size of that step."""
     x, y = regression_data(50)
-    model = mlp()
-    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    model = _sgd_mlp()
     seen = []
 
     class Noted(kfit.callbacks.LearningRateSchedule):
@@ -121,8 +126,7 @@ def test_a_subclass_with_keras_legacy_batch_hooks_gets_them_at_every_step(loop):
     callback's subclass that has them gets them at every step, also while the schedule's own hook sleeps, and
     the rates it applies are the schedule's."""
     x, y = regression_data(50)
-    model = mlp()
-    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    model = _sgd_mlp()
     seen = []
 
     class Legacy(kfit.callbacks.LearningRateSchedule):
@@ -147,8 +151,7 @@ def test_a_keras_callback_reads_the_rate_a_schedule_set_for_the_step(loop):
     run, as it would read one set by Keras's own ``LearningRateScheduler`` (on JAX, kfit hands a changed value to
     the next step without a state sync; a callback's sync must not show it the value before)."""
     x, y = regression_data(48)
-    model = mlp()
-    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    model = _sgd_mlp()
     seen = []
 
     class Reader(keras.callbacks.Callback):
@@ -227,8 +230,7 @@ def test_initial_epoch_starts_the_clock_at_that_epoch(loop):
     path, so that a schedule goes on where the run was, as Keras's epoch-indexed LearningRateScheduler does (under
     plain model.fit and kfit.fit without a kfit-only argument the clock started at 0)."""
     x, y = regression_data(32)
-    model = mlp()
-    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    model = _sgd_mlp()
     readings = []
 
     class Reader(keras.callbacks.Callback):
@@ -301,8 +303,7 @@ def test_a_per_sample_rate_means_the_same_at_any_minibatch_size():
 
 def test_reset_learning_rate_mid_run_and_its_state():
     x, y = regression_data(40)
-    model = mlp()
-    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    model = _sgd_mlp()
     lr = kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(0.01))
 
     class HalveAt(keras.callbacks.Callback):
@@ -348,8 +349,7 @@ def test_callbacks_without_a_clock_say_how_to_fix_it():
 def test_per_step_hyperparameter_changes_do_not_sync_the_jax_state():
     """On JAX a schedule writes into the state the loop holds: no full state sync per step."""
     x, y = regression_data(64)
-    model = mlp()
-    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    model = _sgd_mlp()
     syncs = []
     if BACKEND == "jax":
         original = model.jax_state_sync
@@ -372,8 +372,7 @@ def test_history_lr_is_the_rate_in_force_not_the_tail_minibatch():
     """kfit.fit cuts the last minibatch of an epoch short (100 = 3 * 32 + 4): History's ``lr`` is the rate
     of a full minibatch, as the schedule gives it, not the 8 times smaller rate of the 4-sample tail."""
     x, y = regression_data(100)
-    model = mlp()
-    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse")
+    model = _sgd_mlp()
     lr = kfit.schedules.learning_rate_per_sample([0.001, 0.0005], epoch_size=100)
     history = kfit.fit(model, x, y, minibatch_size=32, epochs=2, seed=0, verbose=0,
                        callbacks=[kfit.callbacks.LearningRateSchedule(lr)])
