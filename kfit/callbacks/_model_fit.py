@@ -169,7 +169,6 @@ class FitDriver(StepDriver):
             self.wake_sleepers()
         return True
 
-
     def _plan_execution(self, clock: Clock, batch: int) -> bool:
         """``compile(steps_per_execution=N)``: Keras's hook ``batch`` begins a call that runs up to ``N`` steps, the
         last one of an epoch ending it; they all train at the rates set now (Keras cannot change a value between
