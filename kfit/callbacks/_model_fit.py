@@ -142,37 +142,40 @@ class FitDriver(StepDriver):
     def batch_begin(self, clock: Clock, batch: int) -> bool:
         # StepDriver.batch_begin written out for one size per step, without calls: this runs at every step of
         # model.fit, right after Keras dispatched the step, where each call costs about twice its own time.
-        pending = self.pending
+        pending, several = self.pending, self.per_call > 1
         if pending is not None:
             if self.pending_batch == batch:
                 return True
-            if self.per_call > 1:
+            if several:
                 self.pending = None
                 self.count(clock, pending)
-                return self._plan_execution(clock, batch)
-            clock.samples += pending[0]  # the previous step finished (one size: its own, counted once)
-            clock.minibatches += 1
-        elif self.per_call > 1:
-            return self._plan_execution(clock, batch)
-        size, epoch_size = self.batch_size, clock.epoch_size
-        if epoch_size and self.num_samples is not None:  # the epoch's last step: what is left of it
-            left = epoch_size - clock.samples % epoch_size
-            if left < size:
-                size = left
+            else:
+                clock.samples += pending[0]  # the previous step finished (one size: its own, counted once)
+                clock.minibatches += 1
+        if several:
+            sizes = self._execution_sizes(clock)
+            size = sizes[0]
+        else:
+            size, epoch_size = self.batch_size, clock.epoch_size
+            if epoch_size and self.num_samples is not None:  # the epoch's last step: what is left of it
+                left = epoch_size - clock.samples % epoch_size
+                if left < size:
+                    size = left
+            sizes = self._full if size == self.batch_size else [size]
         clock.minibatch_size = size
         if size != self.applied:
             _run.apply_minibatch_size(self.model, size)
             self.applied = size
-        self.pending, self.pending_batch = self._full if size == self.batch_size else [size], batch
+        self.pending, self.pending_batch = sizes, batch
         wake_at = self.wake_at
         if wake_at is not None and (size != wake_at[0] or clock.samples >= wake_at[1] or clock.minibatches >= wake_at[2]):
             self.wake_sleepers()
         return True
 
-    def _plan_execution(self, clock: Clock, batch: int) -> bool:
-        """``compile(steps_per_execution=N)``: Keras's hook ``batch`` begins a call that runs up to ``N`` steps, the
-        last one of an epoch ending it; they all train at the rates set now (Keras cannot change a value between
-        them)."""
+    def _execution_sizes(self, clock: Clock) -> list[int]:
+        """``compile(steps_per_execution=N)``: the sizes of the up to ``N`` steps of the call that Keras's hook begins
+        now, the last one of an epoch ending it; they all train at the rates set now (Keras cannot change a value
+        between them)."""
         sizes, samples, epoch_size = [], clock.samples, clock.epoch_size
         for _ in range(self.per_call):
             size = self.batch_size
@@ -182,15 +185,7 @@ class FitDriver(StepDriver):
             samples += size
             if epoch_size and samples % epoch_size == 0:
                 break
-        clock.minibatch_size = sizes[0]
-        if sizes[0] != self.applied:
-            _run.apply_minibatch_size(self.model, sizes[0])
-            self.applied = sizes[0]
-        self.pending, self.pending_batch = sizes, batch
-        wake_at = self.wake_at
-        if wake_at is not None and (sizes[0] != wake_at[0] or clock.samples >= wake_at[1] or clock.minibatches >= wake_at[2]):
-            self.wake_sleepers()
-        return True
+        return sizes
 
 
 def _asleep(batch: int, logs: dict | None = None) -> None:

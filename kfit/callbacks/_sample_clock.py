@@ -39,6 +39,7 @@ class SampleClock(KfitCallback):
         super().__init__()
         self.batch_size = _checks.count("batch_size", batch_size, low=1)
         self.num_samples = _checks.count("num_samples", num_samples, low=1, allow_none=True)
+        self._steps_per_epoch: int | None = None  # model.fit's steps per epoch, known at on_train_begin
 
     def set_model(self, model: Any) -> None:
         super().set_model(model)
@@ -58,18 +59,17 @@ class SampleClock(KfitCallback):
                     f"{expected} steps per epoch, but model.fit runs {steps}. Pass the batch_size and the "
                     "number of training samples that model.fit uses (after validation_split)."
                 )
-            clock.epoch_size = self.num_samples
+            clock.epoch_size, steps = self.num_samples, expected
         elif steps:
             clock.epoch_size = steps * self.batch_size
+        self._steps_per_epoch = steps
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         """``model.fit(initial_epoch=e)`` starts at epoch ``e`` (to resume a run): a new clock starts at that epoch's
         first sample too, as kfit.fit's stream path starts it, so that schedules go on where the run was."""
         clock = self.clock
         if epoch > 0 and clock.samples == 0 and clock.minibatches == 0 and clock.epoch_size:
-            steps = (self.params or {}).get("steps")
-            if self.num_samples is not None or not steps:
-                steps = math.ceil(clock.epoch_size / self.batch_size)
+            steps = self._steps_per_epoch or math.ceil(clock.epoch_size / self.batch_size)
             clock.samples, clock.minibatches = epoch * clock.epoch_size, epoch * steps
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
