@@ -381,3 +381,44 @@ def test_the_keras_progress_bar_follows_each_epochs_steps_with_samples_per_secon
     first, second = out.split("Epoch 2/2")
     assert "7/7" in first and "4/4" in second  # ceil(100 / 16) and ceil(100 / 32) steps
     assert "samples/s:" in first and "samples/s:" in second
+
+
+RATES = [0.08, 0.04, 0.02, 0.01]
+
+
+def _rate_callbacks(kind: str, source: str) -> list:
+    """A learning-rate callback of Keras's, or kfit's that takes its place (the same rates)."""
+    if kind == "schedule" and source == "keras":
+        return [keras.callbacks.LearningRateScheduler(lambda epoch, lr: RATES[epoch])]
+    if kind == "schedule":
+        return [kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_minibatch(RATES, epoch_size=40))]
+    # min_delta larger than any change: an evaluation after the first never improves, a reduction each epoch.
+    if source == "keras":
+        return [keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=1, min_delta=1e9)]
+    return [kfit.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=1, min_delta=1e9)]
+
+
+@pytest.mark.parametrize("kind", ["schedule", "plateau"])
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+def test_kfits_rate_callbacks_log_learning_rate_as_the_keras_callbacks_they_replace(kind, loop, tmp_path):
+    """A user who trades Keras's LearningRateScheduler or ReduceLROnPlateau for kfit's keeps the epoch logs'
+    ``learning_rate`` (history, CSVLogger); kfit's own CSV history keeps one rate column, ``lr``."""
+    x, y = regression_data(40)
+    histories = {}
+    for source in ("keras", "kfit"):
+        model = compiled(mlp(), optimizer=keras.optimizers.SGD(RATES[0]))
+        callbacks = _rate_callbacks(kind, source) + [kfit.callbacks.CSVHistory(tmp_path / f"{source}.csv")]
+        if loop == "model.fit":
+            callbacks.append(kfit.callbacks.SampleClock(batch_size=8, num_samples=40))
+            history = model.fit(x, y, batch_size=8, epochs=4, shuffle=False, verbose=0, callbacks=callbacks)
+        else:
+            history = kfit.fit(model, x, y, batch_size=8, epochs=4, shuffle=False, seed=0, verbose=0, callbacks=callbacks)
+        histories[source] = history.history
+    expected = RATES if kind == "schedule" else [0.08, 0.08, 0.04, 0.02]
+    np.testing.assert_allclose(histories["keras"]["learning_rate"], expected, rtol=1e-6)
+    np.testing.assert_allclose(histories["kfit"]["learning_rate"], expected, rtol=1e-6)
+    for source in ("keras", "kfit"):
+        header = (tmp_path / f"{source}.csv").read_text().splitlines()[0].split(",")
+        assert "learning_rate" not in header and "lr" in header
+        rows = [line.split(",") for line in (tmp_path / f"{source}.csv").read_text().splitlines()[1:]]
+        np.testing.assert_allclose([float(r[header.index("lr")]) for r in rows], expected, rtol=1e-6)

@@ -9,7 +9,7 @@ from typing import Any
 
 from kfit import distributed
 from kfit.callbacks._base import KfitCallback
-from kfit.callbacks._running_means import ScheduledValues, to_float
+from kfit.callbacks._running_means import ScheduledValues, kfit_names, to_float
 from kfit.clock import Clock
 
 LEADING_COLUMNS = ("kind", "epoch", "samples", "minibatches")
@@ -33,9 +33,11 @@ class CSVHistory(KfitCallback):
     Columns: ``kind`` ("epoch", "cross_validation" or "test"), ``epoch`` (the clock in epochs:
     ``samples / epoch_size``), ``samples`` and ``minibatches`` (the clock), then the results in the order
     they first appear (``loss``, the metrics, ``val_*``, ``test_*``), then ``lr`` and ``momentum`` (the
-    values per minibatch that a schedule applies, or the epoch logs'), ``minibatch_size`` (the scheduled
-    size; the minibatches shortened to end an epoch are not counted as changes) and ``time`` (Unix time). A result that first appears later (a new metric) widens the file: it
-    is rewritten with the union of the columns, earlier rows left empty there.
+    values per minibatch that schedules apply; an epoch's row has the values it trained with, its logs' where a
+    callback logs them, the rate Keras's callbacks log as ``learning_rate`` included), ``minibatch_size`` (the
+    scheduled size; the minibatches shortened to end an epoch are not counted as changes) and ``time`` (Unix
+    time). A result that first appears later (a new metric) widens the file: it is rewritten with the union of
+    the columns, earlier rows left empty there.
 
     The file is the state. A resumed run (the clock restored from a checkpoint) first drops the rows past
     the restored clock, which it will train again, and appends from there: no row is written twice. A
@@ -112,8 +114,10 @@ class CSVHistory(KfitCallback):
             "samples": clock.samples,
             "minibatches": clock.minibatches,
         }
-        values = {k: v for k, v in ((k, to_float(v)) for k, v in results.items()) if v is not None}
-        values.update(self._scheduled.values)
+        # The results' own values come last: an epoch's logged rate is the one it trained with, also when a
+        # ReduceLROnPlateau before this callback has just announced the next one.
+        values = dict(self._scheduled.values)
+        values.update((k, v) for k, v in ((k, to_float(v)) for k, v in kfit_names(results).items()) if v is not None)
         if self._scheduled.size is not None:
             values["minibatch_size"] = self._scheduled.size
         values["time"] = round(time.time(), 3)

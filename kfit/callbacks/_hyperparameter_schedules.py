@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from kfit import _backend
 from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._model_fit import FitDriver, wake
@@ -222,7 +224,8 @@ class LearningRateSchedule(_HyperparameterSchedule):
     The schedule's unit decides what the optimizer gets for a minibatch of ``B`` samples:
     ``kfit.schedules.learning_rate_per_sample(lr_s)`` gives ``lr_s * B``;
     ``learning_rate_per_minibatch(lr, reference_minibatch_size=B_ref)`` gives ``lr * B / B_ref``; a plain
-    value, list or callable is a per-minibatch rate used as is. The applied rate is logged as ``lr``.
+    value, list or callable is a per-minibatch rate used as is. The applied rate is logged as ``lr``; at each
+    epoch end the optimizer's rate is also logged as ``learning_rate``, as Keras's ``LearningRateScheduler`` logs it.
 
     Like CNTK's learner, it can read and reset the rate while training runs (e.g. from a
     cross-validation callback): :meth:`learning_rate` and :meth:`reset_learning_rate`.
@@ -263,6 +266,12 @@ class LearningRateSchedule(_HyperparameterSchedule):
             values: a learning-rate schedule, or a value/list in the unit of the current schedule.
         """
         self.reset(values)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if logs is not None:  # the optimizer's rate now, as Keras's LearningRateScheduler logs it
+            rate = self._applied  # (None after a reset since the last step)
+            logs["learning_rate"] = float(np.asarray(_backend.read_variable(self._model, self._variable))) if rate is None else rate
 
 
 class MomentumSchedule(_HyperparameterSchedule):

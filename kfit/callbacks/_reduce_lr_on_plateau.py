@@ -34,7 +34,8 @@ class ReduceLROnPlateau(MonitorCallback):
     ``reset_learning_rate``: a constant from now on, as CNTK's ``learner.reset_learning_rate`` does (the
     rest of the schedule no longer applies), and it survives the schedule re-applying itself at every
     step. ``min_lr`` and ``min_lr_change`` are in that unit. Without a schedule it is the optimizer's
-    ``learning_rate`` variable (per minibatch). A stop takes effect after the current step. The counters
+    ``learning_rate`` variable (per minibatch). A stop takes effect after the current step. At each epoch end
+    the optimizer's rate (before a reduction) is logged as ``learning_rate``, as Keras's ReduceLROnPlateau logs it. The counters
     and the number of reductions are in :meth:`get_state`; the new schedule is in the schedule callback's.
 
     Args:
@@ -144,6 +145,12 @@ class ReduceLROnPlateau(MonitorCallback):
             return
         _backend.set_variable(self.training_model, self._optimizer_variable(), value)
         self.publish("on_hyperparameter_change", "lr", value, value, "per_minibatch")
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is not None and self._schedule_callback() is None:  # (a schedule logs it itself)
+            # The optimizer's rate the epoch trained with, before any reduction, as Keras's ReduceLROnPlateau logs it.
+            logs["learning_rate"] = float(np.asarray(_backend.read_variable(self.training_model, self._optimizer_variable())))
+        super().on_epoch_end(epoch, logs)
 
     # -- decisions -------------------------------------------------------------------------------
     def decide(self, value: float, improved: bool, now: int) -> None:

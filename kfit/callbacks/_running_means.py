@@ -20,8 +20,19 @@ import keras
 from kfit import _checks
 from kfit.clock import Clock
 
-#: Keys of the epoch logs that are hyperparameters, not metrics.
-HYPERPARAMETER_KEYS = ("lr", "momentum", "minibatch_size")
+#: Keys of the epoch logs that are hyperparameters, not metrics (``learning_rate``: Keras's name for ``lr``).
+HYPERPARAMETER_KEYS = ("lr", "learning_rate", "momentum", "minibatch_size")
+
+
+def kfit_names(logs: dict) -> dict:
+    """``logs`` with the learning rate under kfit's name: Keras's callbacks (and kfit's, for them) log it as
+    ``learning_rate``, kfit's files (CSV history, TensorBoard) as ``lr``, one column or tag whoever logged it."""
+    if "learning_rate" not in logs:
+        return logs
+    logs = dict(logs)
+    rate = logs.pop("learning_rate")
+    logs.setdefault("lr", rate)
+    return logs
 
 
 to_float = _checks.log_float

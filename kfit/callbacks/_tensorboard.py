@@ -16,7 +16,13 @@ from typing import Any
 
 from kfit import _checks, distributed
 from kfit.callbacks._base import KfitCallback
-from kfit.callbacks._running_means import IntervalMeans, ScheduledValues, to_float, without_step_end
+from kfit.callbacks._running_means import (
+    IntervalMeans,
+    ScheduledValues,
+    kfit_names,
+    to_float,
+    without_step_end,
+)
 from kfit.clock import Clock
 
 
@@ -108,8 +114,8 @@ class EventFileWriter:
 class TensorBoardProgressWriter(KfitCallback):
     """Writes the run's scalars to TensorBoard event files, with the sample clock as the step.
 
-    Scalars: ``loss`` and each metric (and Keras's ``val_*``) at every epoch end, with ``lr``,
-    ``momentum`` (the values per minibatch, as applied), ``minibatch_size`` and ``samples_per_second``;
+    Scalars: ``loss`` and each metric (and Keras's ``val_*``) at every epoch end, with ``lr`` (also when a
+    Keras callback logs it as ``learning_rate``), ``momentum`` (the values per minibatch, as applied), ``minibatch_size`` and ``samples_per_second``;
     ``val_*`` results at every cross-validation and ``test_*`` results after the final test; ``lr`` and
     ``momentum`` also whenever a schedule changes them, and ``minibatch_size`` whenever it changes. With
     ``freq``, the means over each interval of ``freq`` minibatches as ``minibatch/loss``,
@@ -173,7 +179,7 @@ class TensorBoardProgressWriter(KfitCallback):
         self._writer.scalar(tag, value, step)
 
     def _write_logs(self, logs: dict, step: int, skip: tuple = ()) -> None:
-        for key, value in logs.items():
+        for key, value in kfit_names(logs).items():
             number = to_float(value)
             if key not in skip and number is not None:
                 self.write_value(key, number, step)
