@@ -178,15 +178,23 @@ def test_a_program_that_ignores_or_handles_ctrl_c_itself_keeps_its_choice(tmp_pa
     """A job that ignores SIGINT (started with ``&`` from a script, as CI runners and nohup'd jobs are) or handles it
     itself keeps doing so while a Checkpoint trains: kfit's handler neither turns that Ctrl-C into a stop nor raises
     one at the next step; training runs to its end."""
-    options = {"checkpoint": {"frequency": 30}, "step_sleep": 0.02, "epochs": 3, "sigint": sigint}
+    options = {"checkpoint": {"frequency": 30}, "step_sleep": 0.1, "epochs": 3, "sigint": sigint}
     child = Child(["train", str(tmp_path), json.dumps(options)])
     child.wait_for(lambda e: e["event"] == "step" and e["samples"] >= 60)
     child.process.send_signal(signal.SIGINT)
+    if sigint == "own":
+        handled = child.wait_for(lambda e: e["event"] == "own_handler")
+        child.wait_for(lambda e: e["event"] == "step" and child.events.index(e) > child.events.index(handled))
+        # Training went on: the run still holds its checkpoint path (no second writer may take it).
+        with pytest.raises(CheckpointLockedError, match=f"pid {child.process.pid}"):
+            _fit(tmp_path / "run.ckpt")
     code = child.finish()
     assert code == 0 and "KeyboardInterrupt" not in child.stderr, child.stderr[-3000:]
     steps = [e["samples"] for e in child.events if e["event"] == "step"]
     assert steps[-1] == 3 * 96 and any(e["event"] == "done" for e in child.events)
     assert any(e["event"] == "own_handler" for e in child.events) == (sigint == "own")
+    info = read_checkpoint_info(tmp_path / "run.ckpt")  # still checkpointing after the signal, to the run's end
+    assert (info.samples, info.status) == (3 * 96, "complete")
 
 
 @pytest.mark.slow
@@ -223,13 +231,33 @@ def test_sigterm_with_save_on_preemption_saves_and_resumes_bit_identically(tmp_p
         assert np.array_equal(expected[name], got[name]), name
 
 
+def test_a_programs_own_handler_that_stops_the_run_frees_the_path(tmp_path):
+    """A handler of the program's own that ends training (it raises) ends the run as Ctrl-C does: the error
+    reaches the caller, the program's handler is back in place, and the next run takes the path at once."""
+
+    def stop(signum, frame):
+        raise RuntimeError("stopped by the program's handler")
+
+    raiser = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: signal.raise_signal(signal.SIGINT) if batch == 1 else None)
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        with pytest.raises(RuntimeError, match="stopped by the program's handler"):
+            _fit(tmp_path / "run.ckpt", extra=[raiser])
+        assert signal.getsignal(signal.SIGINT) is stop
+        _fit(tmp_path / "run.ckpt")  # the path is free
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert read_checkpoint_info(tmp_path / "run.ckpt").status == "complete"
+
+
 # -- two writers ---------------------------------------------------------------------------------------
-def _fit(path, **checkpoint):
+def _fit(path, extra=(), **checkpoint):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     x, y = np.ones((16, 3), "float32"), np.ones((16, 1), "float32")
-    callbacks = [kfit.callbacks.Checkpoint(path, **checkpoint)]
+    callbacks = [kfit.callbacks.Checkpoint(path, **checkpoint), *extra]
     return kfit.fit(model, x, y, minibatch_size=8, epochs=2, callbacks=callbacks, verbose=0), model
 
 

@@ -123,8 +123,8 @@ class Checkpoint(KfitCallback):
     the step being trained (at the epoch's end when that step ends an epoch), then ends the process as
     SIGTERM would have, so that a preempted run resumes bit-identically and loses no work. Signal handlers
     are installed when training begins (in the main thread only) and the previous ones put back when it ends;
-    a signal the process ignores stays ignored.
-    One writer per path: the callback holds ``path + ".lock"`` from the start of training to its end, and
+    a signal the process ignores stays ignored, and a handler of the program's own is called in its turn: if
+    it lets training go on, the run keeps its path and its guard. One writer per path: the callback holds ``path + ".lock"`` from the start of training to its end, and
     a second writer on the path (another callback, here or in another process) is refused naming the holder.
 
     Restoring is a step of the loop that drives the run (``kfit.checkpoint._restore``), taken once every kfit
@@ -392,13 +392,22 @@ class Checkpoint(KfitCallback):
             print(f"kfit: SIGTERM received: saving the checkpoint {self.path!r} at the end of this step, then "
                   "stopping.", file=sys.stderr, flush=True)
             return True
+        if self._guard.goes_to_program(signum):
+            # The program's own handler decides whether training stops: the run keeps its path (and this guard)
+            # unless the handler raises. A write in flight is finished first, in case it ends the process.
+            self._wait_writer_quietly()
+            try:
+                self._guard.call_program_handler(signum)
+            except BaseException:
+                self._training = False
+                self._lock.release()
+                self._guard.uninstall()
+                raise
+            return True
         if self._writer.busy:
             print(f"kfit: finishing the checkpoint being written to {self.path!r} before stopping (press Ctrl-C "
                   "again to stop at once and leave it unfinished).", file=sys.stderr, flush=True)
-        try:
-            self._writer.wait()
-        except CheckpointError as error:
-            print(f"kfit: a checkpoint write failed: {error}", file=sys.stderr, flush=True)
+        self._wait_writer_quietly()
         self._training = False
         self._lock.release()
         if signum == signal.SIGINT and self._guard.raises_keyboard_interrupt(signum):
@@ -408,6 +417,13 @@ class Checkpoint(KfitCallback):
             # raises it again, before anything is saved.
             self._lost_ctrl_c = True
         return False
+
+    def _wait_writer_quietly(self) -> None:
+        """Waits for the write in flight, if any; a failure is printed (a signal handler cannot raise it)."""
+        try:
+            self._writer.wait()
+        except CheckpointError as error:
+            print(f"kfit: a checkpoint write failed: {error}", file=sys.stderr, flush=True)
 
     def _raise_swallowed_interrupt(self) -> None:
         """Raises the Ctrl-C the signal handler passed on, if it was lost (per step, callers check the flag first)."""

@@ -7,7 +7,8 @@ training run sees the signal first: its owner may finish its write or defer the 
 next step boundary), then the signal goes on to the handler that was there before (Ctrl-C raises
 ``KeyboardInterrupt``; SIGTERM's default ends the process, with the usual "killed by SIGTERM" status).
 Handlers can only be set in the main thread: elsewhere the guard does nothing. A signal that the process
-ignores (``SIG_IGN``: a job started with ``&`` from a script ignores SIGINT) is left ignored.
+ignores (``SIG_IGN``: a job started with ``&`` from a script ignores SIGINT) is left ignored; a handler of the
+program's own may let training go on (:meth:`SignalGuard.call_program_handler`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class SignalGuard:
         self._on_signal = on_signal
         self._previous: dict[int, Any] = {}
         self._handling = False
+        self._frame: Any = None  # the frame the signal being handled interrupted
 
     def install(self) -> None:
         if self._previous or threading.current_thread() is not threading.main_thread():
@@ -40,6 +42,17 @@ class SignalGuard:
             self._previous[signum] = previous = signal.getsignal(signum)
             if previous != signal.SIG_IGN:  # a signal the process ignores (nohup'd, or `cmd &`) stays ignored
                 signal.signal(signum, self._handle)
+
+    def goes_to_program(self, signum: int) -> bool:
+        """Whether the handler the signal goes on to is one of the program's own (a Python function other than
+        Python's Ctrl-C handler): it may let training go on."""
+        previous = self._previous.get(signum)
+        return callable(previous) and previous is not signal.default_int_handler
+
+    def call_program_handler(self, signum: int) -> None:
+        """Calls the program's own handler of the signal being handled, the guard staying installed: if the handler
+        returns, training goes on, guarded as before."""
+        self._previous[signum](signum, self._frame)
 
     def raises_keyboard_interrupt(self, signum: int) -> bool:
         """Whether the handler the signal goes on to is Python's own Ctrl-C handler (it raises ``KeyboardInterrupt``;
@@ -59,11 +72,11 @@ class SignalGuard:
         if self._handling:  # the same signal again while the owner finishes a write: pass it on at once
             self.deliver(signum, frame)
             return
-        self._handling = True
+        self._handling, self._frame = True, frame
         try:
             deferred = self._on_signal(signum)
         finally:
-            self._handling = False
+            self._handling, self._frame = False, None
         if not deferred:
             self.deliver(signum, frame)
 
