@@ -343,6 +343,12 @@ def keras_data_adapter(x: Any, y: Any, sample_weight: Any, batch_size: Any, step
                             steps_per_epoch=steps_per_epoch, shuffle=shuffle, class_weight=class_weight)
 
 
+def torch_data_loader(adapter: Any) -> Any:
+    """The torch ``DataLoader`` behind Keras's adapter for one (None for other sources). Keras keeps it as
+    ``TorchDataLoaderAdapter._dataloader``. Checked against Keras 3.10-3.15."""
+    return getattr(adapter, "_dataloader", None) if type(adapter).__name__ == "TorchDataLoaderAdapter" else None
+
+
 def declare_epoch_steps(steps: int) -> None:
     """Tells the ``EpochIterator`` of the running ``model.fit`` how many steps the epoch beginning now holds.
 

@@ -108,7 +108,9 @@ def test_a_source_resumes_by_skipping_ahead_to_the_uninterrupted_run(kind, tmp_p
     assert checkpoint.restored_from.samples == (32 if kind == "generator" else 82)
     err = capfd.readouterr().err
     if kind == "tf.data":  # it also restarts the epoch's saved pass
-        assert "restarts epoch 1 from its iterator's state" in err, err
+        assert "the tf.data source restarts epoch 2 from its iterator's state" in err, err
+    elif kind == "DataLoader":  # and the random states its pass was drawn from
+        assert "the DataLoader source restarts epoch 2 from the states of the random generators" in err, err
     else:
         assert "cannot seek: resuming at sample" in err, err
     for a, b in zip(weights(reference), weights(resumed)):
@@ -137,7 +139,7 @@ def test_a_tf_data_pipeline_that_reshuffles_resumes_from_its_saved_iterator_stat
     err = capfd.readouterr().err
     assert checkpoint.restored_from.samples == stop_at
     assert kfit.get_clock(resumed).samples == 200
-    assert f"restarts epoch {stop_at // 50} from its iterator's state" in err, err
+    assert f"restarts epoch {stop_at // 50 + 1} from its iterator's state" in err, err
     for a, b in zip(weights(reference), weights(resumed)):
         np.testing.assert_array_equal(a, b, err_msg="the resumed run did not see the uninterrupted run's order")
 
@@ -344,3 +346,90 @@ def test_list_inputs_and_targets_reach_the_model_as_under_model_fit():
     for a, b in zip(w_keras, w_kfit):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     assert sorted(h_kfit) == sorted(h_keras)
+
+
+@pytest.mark.parametrize("kind", sorted(SOURCES))
+def test_kfits_callbacks_alone_keep_the_clock_on_a_source_that_batches_itself(kind):
+    """Without a kfit-only option plain model.fit cannot tell kfit's callbacks the sizes such a source makes:
+    they run in kfit's loop (it reads the source), as with one (``seed``), not silently clockless."""
+    make, options = SOURCES[kind]
+    epochs = 1 if kind == "generator" else 2
+    xv, yv = regression_data(16, seed=5)
+    results = []
+    for extra in ({}, {"seed": 0}):
+        model = compiled(mlp(), keras.optimizers.SGD(0.01))
+        callbacks = [kfit.callbacks.CrossValidation((xv, yv), frequency=25),
+                     kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_minibatch([0.01, 0.005], epoch_size=50))]
+        history = kfit.fit(model, make(), epochs=epochs, verbose=0, callbacks=callbacks, **options, **extra)
+        assert kfit.get_clock(model).samples == 50 * epochs
+        np.testing.assert_allclose(history.history["learning_rate"], [0.01, 0.005][:epochs], rtol=1e-6)
+        assert len(history.history["val_loss"]) == epochs
+        results.append((weights(model), history.history))
+    (w_alone, h_alone), (w_seed, h_seed) = results
+    for a, b in zip(w_alone, w_seed):
+        np.testing.assert_array_equal(a, b)
+    assert h_alone == h_seed
+
+
+class _Batches(keras.utils.PyDataset):
+    """50 samples in batches of 16 (the last one of 2)."""
+
+    def __init__(self):
+        super().__init__()
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        return X[index * 16:(index + 1) * 16], Y[index * 16:(index + 1) * 16]
+
+
+@pytest.mark.parametrize("feature", ["seed", "Checkpoint", "CrossValidation"])
+def test_a_pydataset_trains_at_its_own_batch_size_with_kfits_features_as_under_model_fit(feature, tmp_path):
+    results = []
+    for loop in ("model.fit", "kfit.fit"):
+        model = compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9))
+        if loop == "model.fit":
+            history = model.fit(_Batches(), epochs=2, shuffle=False, verbose=0)
+        else:
+            option = {"seed": {"seed": 0}, "Checkpoint": {"callbacks": [kfit.callbacks.Checkpoint(tmp_path / "run.ckpt")]},
+                      "CrossValidation": {"callbacks": [kfit.callbacks.CrossValidation(regression_data(16, seed=5))]}}
+            history = kfit.fit(model, _Batches(), epochs=2, shuffle=False, verbose=0, **option[feature])
+            assert (kfit.get_clock(model).samples, kfit.get_clock(model).minibatches) == (100, 8)  # 16, 16, 16, 2 twice
+        results.append((weights(model), history.history["loss"]))
+    (w_keras, loss_keras), (w_kfit, loss_kfit) = results
+    for a, b in zip(w_keras, w_kfit):
+        np.testing.assert_array_equal(a, b)
+    assert loss_kfit == loss_keras
+
+
+def shuffling_loader(own_generator: bool, batch_size=8):
+    import torch
+
+    torch.manual_seed(0)  # as a script seeds torch before it makes its DataLoader
+    dataset = torch.utils.data.TensorDataset(torch.from_numpy(X), torch.from_numpy(Y))
+    generator = torch.Generator().manual_seed(1) if own_generator else None
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=generator)
+
+
+@pytest.mark.parametrize("stop_at", [80, 100])  # in epoch 2 (the step that reaches it ends at 82); at its end
+@pytest.mark.parametrize("own_generator", [False, True], ids=["torch_default_generator", "own_generator"])
+def test_a_shuffling_dataloader_resumes_exactly_from_its_saved_random_states(own_generator, stop_at, tmp_path, capfd):
+    """A DataLoader(shuffle=True) draws each pass's order from torch's generators as the pass begins: the checkpoint
+    holds their states, so the resumed epoch reads the interrupted one's order, and the epochs after it theirs."""
+    reference = compiled(mlp())
+    kfit.fit(reference, shuffling_loader(own_generator), epochs=4, verbose=0,
+             callbacks=[kfit.callbacks.Checkpoint(tmp_path / "reference.ckpt", frequency=1000)])
+
+    path = tmp_path / "run.ckpt"
+    kfit.fit(compiled(mlp()), shuffling_loader(own_generator), epochs=4, max_samples=stop_at, verbose=0,
+             callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)])
+    resumed = compiled(mlp())
+    checkpoint = kfit.callbacks.Checkpoint(path, frequency=1000)
+    kfit.fit(resumed, shuffling_loader(own_generator), epochs=4, verbose=0, callbacks=[checkpoint])
+    assert checkpoint.restored_from.samples == (82 if stop_at == 80 else 100)
+    err = capfd.readouterr().err
+    assert f"the DataLoader source restarts epoch {2 if stop_at == 80 else 3} from the states of the random" in err, err
+    for a, b in zip(weights(reference), weights(resumed)):
+        np.testing.assert_array_equal(a, b)
+    assert kfit.get_clock(resumed).samples == 200

@@ -13,7 +13,11 @@ A ``tf.data`` pipeline read from its start at every epoch also has a state of it
 checkpoint holds its iterator's state as the epoch's pass began (its shuffle order and random state, as
 ``tf.train.Checkpoint`` saves it), and a resumed run opens that same pass before it skips ahead: a pipeline that
 reshuffles at every epoch resumes exactly. A pipeline TensorFlow cannot save (a ``py_function``,
-``from_generator`` or a stateful random op in it) skips ahead only.
+``from_generator`` or a stateful random op in it) skips ahead only. A torch ``DataLoader`` (``shuffle=True``, workers)
+draws its pass's shuffle order and workers' seeds from torch's random generators when the pass begins: the
+checkpoint holds their states as the epoch's pass began, and a resumed run puts them back for the draws of that pass,
+then skips ahead: a shuffling DataLoader resumes exactly (a dataset that draws random numbers itself as it is read, say
+for augmentation, is not reproduced by skipping ahead).
 """
 
 from __future__ import annotations
@@ -105,8 +109,6 @@ class SourceAdapter(_backend.DataAdapter):
             and no state is serialized at each epoch).
     """
 
-    #: The kind of state :meth:`get_state` returns (a checkpoint restores it only into the same kind).
-    state_kind = "tf.data"
     num_samples = None
 
     def __init__(self, inner: Any, restarts: bool, steps_per_epoch: int | None = None, save_passes: bool = True):
@@ -137,12 +139,21 @@ class SourceAdapter(_backend.DataAdapter):
         self._tf_data = type(inner).__name__ == "TFDatasetAdapter"
         restarting_tf_data = self._tf_data and not self.continues
         self._saves_passes = save_passes and restarting_tf_data
+        #: A torch DataLoader read from its start at every epoch: a checkpoint saves the states of the random
+        #: generators the last pass opened drew from as it began (see :func:`_loader_generators`).
+        self._loader = _backend.torch_data_loader(inner)
+        self._saves_draws = save_passes and self._loader is not None and not self.continues
+        #: The kind of state :meth:`get_state` returns (a checkpoint restores it only into the same kind), and what
+        #: it holds, for the resume line.
+        self.state_kind, self.saved_state = (
+            ("DataLoader", "the states of the random generators its shuffle order and workers' seeds came from")
+            if self._loader is not None else ("tf.data", "its iterator's state (its shuffle order and random state)"))
         #: Makes the unread tf.data iterator Keras's own loop makes at each epoch's end (see :meth:`on_epoch_end`).
         self._mirrors_epoch_end_pass = restarting_tf_data and _backend.BACKEND == "tensorflow"
         #: The first pass, begun by :meth:`peek`: (its iterator, its first batch, its starting state when saved).
         self._peeked: tuple[Iterator[Any], Any, np.ndarray | None] | None = None
         self._pass_state: np.ndarray | None = None
-        self._restored_pass: np.ndarray | None = None  # a pass's state from a checkpoint
+        self._restored_pass: Any = None  # a pass's state from a checkpoint (a DataLoader's: {"start", "now"})
         self._reopen: tuple[np.ndarray, bool] | None = None  # (state, the pass after the saved one) for _new_pass
         #: True when :meth:`resume` opens the saved pass again (else it only skips ahead).
         self.reopens = False
@@ -257,6 +268,9 @@ class SourceAdapter(_backend.DataAdapter):
             if self._saves_passes:
                 self._pass_state = state
                 self._saves_passes = state is not None
+        elif self._saves_draws:
+            self._underlying = self._new_loader_pass(reopen)
+            return
         elif not self._saves_passes:
             self._underlying = iter(self._passes())
             return
@@ -275,6 +289,32 @@ class SourceAdapter(_backend.DataAdapter):
             self._saves_passes = self._pass_state is not None  # TensorFlow cannot save this pipeline: not tried again
         self._underlying = self._read_as(iterator, self._passes.__name__)
 
+    def _new_loader_pass(self, reopen: tuple | None) -> Iterator[Any]:
+        """A new pass over the torch DataLoader, keeping the states of the generators it draws from as it begins.
+
+        Resuming (``reopen``: a checkpoint's states, and whether it was saved at an epoch's end): saved at an epoch's
+        end, the generators are put where they were then (a sampler with a generator of its own draws once more as its
+        pass ends), and the next pass draws from there. Saved mid-epoch, the states the epoch's pass began from are
+        put back for the pass's own draws, made as it yields its first batch; torch's default generator then goes back
+        to the checkpoint's state on the PyTorch backend (dropout draws from it), and otherwise every generator goes
+        on from those draws, as in the uninterrupted run."""
+        generators = _loader_generators(self._loader)
+        if reopen is not None:
+            saved, ended = reopen
+            if ended:
+                _set_generator_states(generators, saved["now"])
+            else:
+                restored = generators[0].get_state() if _backend.BACKEND == "torch" else None
+                _set_generator_states(generators, saved["start"])
+                iterator = iter(self._passes())
+                first = next(iterator, _END)
+                if restored is not None:
+                    generators[0].set_state(restored)
+                self._pass_state = saved["start"]
+                return iterator if first is _END else itertools.chain([first], iterator)
+        self._pass_state = _generator_states(generators)
+        return iter(self._passes())
+
     def _read_as(self, iterator: Iterator[Any], method: str) -> Iterator[Any]:
         """``iterator``, over the tf.data pipeline, read in the form Keras's ``inner.<method>()`` gives (its own
         conversions for the backend's loop, sparse ones included)."""
@@ -285,14 +325,28 @@ class SourceAdapter(_backend.DataAdapter):
     def get_state(self) -> dict[str, Any] | None:
         """What a checkpoint saves of the source: the state of a ``tf.data`` iterator as the last pass opened began;
         None for a source with no state of its own (it skips ahead)."""
-        if not self._saves_passes or self._pass_state is None:
+        if self._pass_state is None:
             return None
-        return {"kind": "tf.data", "iterator": self._pass_state}
+        if self._saves_draws:
+            return {"kind": "DataLoader", "generators": list(self._pass_state),
+                    "now": _generator_states(_loader_generators(self._loader))}
+        return {"kind": "tf.data", "iterator": self._pass_state} if self._saves_passes else None
 
     def set_state(self, state: dict[str, Any] | None) -> None:
         """Keeps a state from :meth:`get_state` for :meth:`resume`."""
         if state is None:
             self._restored_pass = None
+            return
+        if self._loader is not None:
+            generators = _loader_generators(self._loader)
+            ours = state.get("kind") == "DataLoader"
+            saved = {"start": state.get("generators") if ours else None, "now": state.get("now") if ours else None}
+            for part, states in saved.items():
+                if not isinstance(states, list) or len(states) != len(generators) or any(
+                        (g is None) != (s is None) for g, s in zip(generators, states)):
+                    raise ValueError(f"The saved source state is not this DataLoader's random states: {_summary(state)}.")
+                saved[part] = [None if s is None else np.asarray(s, dtype=np.uint8) for s in states]
+            self._restored_pass = saved
             return
         if state.get("kind") != "tf.data" or "iterator" not in state:
             raise ValueError(f"The saved source state is not a tf.data iterator's: keys {sorted(state)}.")
@@ -406,6 +460,37 @@ class SourceAdapter(_backend.DataAdapter):
         spec, options = self._signature
         return tf.data.Dataset.from_generator(lambda: self._open(self.inner.get_tf_dataset),
                                               output_signature=spec).with_options(options)
+
+
+_END = object()
+
+
+def _loader_generators(loader: Any) -> list:
+    """The torch generators a new pass over ``loader`` draws from: torch's default generator (the workers' base seed,
+    and the shuffle order of a sampler without a generator of its own), the loader's and its sampler's (None where
+    there is none, or the same as an earlier one)."""
+    import torch
+
+    generators: list = [torch.default_generator]
+    for generator in (loader.generator, getattr(loader.sampler, "generator", None)):
+        generators.append(None if generator is None or any(generator is g for g in generators) else generator)
+    return generators
+
+
+def _generator_states(generators: list) -> list:
+    return [None if g is None else g.get_state().numpy().copy() for g in generators]
+
+
+def _set_generator_states(generators: list, states: list) -> None:
+    import torch
+
+    for generator, state in zip(generators, states):
+        if generator is not None:
+            generator.set_state(state if isinstance(state, torch.Tensor) else torch.from_numpy(np.asarray(state, np.uint8)))
+
+
+def _summary(state: dict) -> str:
+    return f"kind {state.get('kind')!r}, keys {sorted(state)}"
 
 
 class SourceDriver(StepDriver):

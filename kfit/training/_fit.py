@@ -18,6 +18,7 @@ import keras
 import numpy as np
 
 from kfit import _backend, _checks, _run
+from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._sample_clock import SampleClock
 from kfit.checkpoint import _restore
 from kfit.clock import Clock
@@ -158,7 +159,8 @@ def fit(
 
     from kfit import distributed
 
-    if not (options.kfit_only or distributed.size() > 1 or any(getattr(c, "needs_stream", False) for c in callbacks)):
+    if not (options.kfit_only or distributed.size() > 1 or any(getattr(c, "needs_stream", False) for c in callbacks)
+            or not _model_fit_keeps_clock(x, options) and any(isinstance(c, KfitCallback) for c in callbacks)):
         return _fit_with_model_fit(model, x, y, sample_weight, validation_data, callbacks, options)
     if isinstance(x, keras.utils.PyDataset):
         if y is not None or sample_weight is not None:
@@ -242,16 +244,23 @@ def _check_source_options(x: Any, options: FitOptions, callbacks: list) -> None:
                          f"`validation_data` instead. Received: validation_split={options.validation_split!r}")
 
 
+def _model_fit_keeps_clock(x: Any, options: FitOptions) -> bool:
+    """Whether plain ``model.fit`` on ``x`` can keep kfit's clock (a :class:`SampleClock` knows every step's size):
+    on arrays, with epochs that are sweeps. Other data (a PyDataset, tf.data, a generator, a DataLoader) makes minibatches
+    of sizes only its reader sees: kfit's callbacks then need kfit's loop, which reads it."""
+    return is_streamable(x) and options.steps_per_epoch is None
+
+
 def _fit_with_model_fit(model: Any, x: Any, y: Any, sample_weight: Any, validation_data: Any, callbacks: list,
                         options: FitOptions) -> keras.callbacks.History:
     """No kfit-only feature asked for: ``model.fit`` itself, with kfit's clock kept by a SampleClock."""
     o = options
     epochs = o.epochs if o.epochs is not None else 1
-    n = dataset_length(x) if is_streamable(x) else None
-    if n is not None and o.validation_split and validation_data is None:
-        n = _training_rows(n, o.validation_split)
     clock_callbacks: list = []
-    if n is not None and o.steps_per_epoch is None:
+    if _model_fit_keeps_clock(x, o):
+        n = dataset_length(x)
+        if o.validation_split and validation_data is None:
+            n = _training_rows(n, o.validation_split)
         clock_callbacks.append(SampleClock(batch_size=o.minibatch_size or 32, num_samples=n))
     history = RunHistory()
     summaries = EpochSummaries(history)
@@ -343,14 +352,14 @@ class _RunControl(keras.callbacks.Callback):
             mid_epoch = clock.samples_in_epoch > 0
         _backend.set_initial_epoch(fit.model, epoch)
         skip = source.resume(clock.samples_in_epoch, clock.samples, steps_in_epoch)
-        if source.reopens:
-            print(f"kfit: resuming at sample {clock.samples}: the tf.data pipeline restarts epoch {epoch} from its "
-                  f"iterator's state saved in the checkpoint (its shuffle order and random state), and the first "
-                  f"{skip} samples it yields are drawn and dropped.", file=sys.stderr)
+        if source.reopens:  # (epochs counted from 1, as in the resume line)
+            print(f"kfit: resuming at sample {clock.samples}: the {source.state_kind} source restarts epoch {epoch + 1} "
+                  f"from {source.saved_state}, saved in the checkpoint, and the first {skip} samples it yields are "
+                  "drawn and dropped.", file=sys.stderr)
         else:
             print(f"kfit: a {type(source.inner).__name__.removesuffix('DataAdapter')} source cannot seek: resuming at "
                   f"sample {clock.samples} by drawing and dropping the first {skip} samples it yields"
-                  f"{'' if source.continues else ' in epoch ' + str(epoch)}.", file=sys.stderr)
+                  f"{'' if source.continues else ' in epoch ' + str(epoch + 1)}.", file=sys.stderr)
         return mid_epoch
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
@@ -511,7 +520,10 @@ class _StreamFit:
                 (x, y, sample_weight), validation_data = _split_validation(x, y, sample_weight, o.validation_split)
             self.stream = SampleStream(x, y, sample_weight, shuffle=bool(o.shuffle), seed=o.seed or 0,
                                        rank=distributed.rank(), num_workers=distributed.size())
-        self.size_at, self.fixed_size = size_function(o.minibatch_size), o.fixed_minibatch_size or 32
+        # Without a size, Keras's: a PyDataset's own batch size, else 32.
+        default = self.stream.batch_size if isinstance(self.stream, PyDatasetStream) else 32
+        self.size_at = size_function(default if o.minibatch_size is None else o.minibatch_size)
+        self.fixed_size = o.fixed_minibatch_size or default
         if o.minibatch_size is not None and o.fixed_minibatch_size is None:
             self.fixed_size = None
         epoch_size = o.epoch_size
