@@ -344,9 +344,10 @@ def keras_data_adapter(x: Any, y: Any, sample_weight: Any, batch_size: Any, step
 
 
 def torch_data_loader(adapter: Any) -> Any:
-    """The torch ``DataLoader`` behind Keras's adapter for one (None for other sources). Keras keeps it as
-    ``TorchDataLoaderAdapter._dataloader``. Checked against Keras 3.10-3.15."""
-    return getattr(adapter, "_dataloader", None) if type(adapter).__name__ == "TorchDataLoaderAdapter" else None
+    """The torch ``DataLoader`` behind Keras's adapter for one (None for other sources): the adapter's
+    ``get_torch_dataloader()`` gives it as it is (Keras's ``TorchDataLoaderAdapter``, known by its class name).
+    Checked against Keras 3.10-3.15."""
+    return adapter.get_torch_dataloader() if type(adapter).__name__ == "TorchDataLoaderAdapter" else None
 
 
 def declare_epoch_steps(steps: int) -> None:
