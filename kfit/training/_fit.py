@@ -111,7 +111,8 @@ def fit(
       the clock, decoupled from sweeps. A minibatch never crosses an epoch boundary;
     * ``max_samples``: stop after this many samples; with ``epochs`` too, the first bound reached ends
       training;
-    * ``seed``: the seed of the data stream's shuffling (each sweep is shuffled by ``(seed, sweep)``);
+    * ``seed``: the seed of the data stream's shuffling (each sweep is shuffled by ``(seed, sweep)``); a source that
+      batches itself (tf.data, a generator, a DataLoader) keeps its own order and seeds;
     * ``prefetch``: minibatches read ahead on a background thread (None: 2 from h5py datasets and
       ``PyDataset``s, none from NumPy arrays in memory, whose gather is faster than a hand-off between threads);
     * ``pad_remainders``: for a step compiled per shape (JAX; TensorFlow with ``jit_compile=True``), hand it each
