@@ -152,7 +152,7 @@ class SourceAdapter(_backend.DataAdapter):
         self._mirrors_epoch_end_pass = restarting_tf_data and _backend.BACKEND == "tensorflow"
         #: The first pass, begun by :meth:`peek`: (its iterator, its first batch, its starting state when saved).
         self._peeked: tuple[Iterator[Any], Any, np.ndarray | None] | None = None
-        self._pass_state: np.ndarray | None = None
+        self._pass_state: Any = None  # a tf.data iterator's state, or a DataLoader's generators' (a list)
         self._restored_pass: Any = None  # a pass's state from a checkpoint (a DataLoader's: {"start", "now"})
         self._reopen: tuple[np.ndarray, bool] | None = None  # (state, the pass after the saved one) for _new_pass
         #: True when :meth:`resume` opens the saved pass again (else it only skips ahead).
@@ -339,14 +339,14 @@ class SourceAdapter(_backend.DataAdapter):
             return
         if self._loader is not None:
             generators = _loader_generators(self._loader)
-            ours = state.get("kind") == "DataLoader"
-            saved = {"start": state.get("generators") if ours else None, "now": state.get("now") if ours else None}
-            for part, states in saved.items():
-                if not isinstance(states, list) or len(states) != len(generators) or any(
-                        (g is None) != (s is None) for g, s in zip(generators, states)):
-                    raise ValueError(f"The saved source state is not this DataLoader's random states: {_summary(state)}.")
-                saved[part] = [None if s is None else np.asarray(s, dtype=np.uint8) for s in states]
-            self._restored_pass = saved
+            saved = {"start": state.get("generators"), "now": state.get("now")}
+            if state.get("kind") != "DataLoader" or any(
+                    not isinstance(states, list) or [s is None for s in states] != [g is None for g in generators]
+                    for states in saved.values()):
+                raise ValueError("The saved source state is not this DataLoader's random states: "
+                                 f"kind {state.get('kind')!r}, keys {sorted(state)}.")
+            self._restored_pass = {part: [None if s is None else np.asarray(s, dtype=np.uint8) for s in states]
+                                   for part, states in saved.items()}
             return
         if state.get("kind") != "tf.data" or "iterator" not in state:
             raise ValueError(f"The saved source state is not a tf.data iterator's: keys {sorted(state)}.")
@@ -486,11 +486,7 @@ def _set_generator_states(generators: list, states: list) -> None:
 
     for generator, state in zip(generators, states):
         if generator is not None:
-            generator.set_state(state if isinstance(state, torch.Tensor) else torch.from_numpy(np.asarray(state, np.uint8)))
-
-
-def _summary(state: dict) -> str:
-    return f"kind {state.get('kind')!r}, keys {sorted(state)}"
+            generator.set_state(torch.from_numpy(state))
 
 
 class SourceDriver(StepDriver):
