@@ -1,4 +1,4 @@
-"""Every relative link and file reference in the README, the docs and the examples points to a file that exists.
+"""Every relative link and file reference in the README, the docs, the benchmark log and the examples points to a file that exists.
 
 Markdown links and images (``[text](docs/x.md)``, ``![curves](docs/demo-curves.png)``) are resolved against
 the file that holds them; file names in prose and code (``docs/migrating-from-keras.md``,
@@ -21,7 +21,8 @@ FILE_REFERENCE = re.compile(
 
 
 def documents() -> list[Path]:
-    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md")), *sorted((ROOT / "examples").glob("**/*.py"))]
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md")), *sorted((ROOT / "benchmarks").glob("*.md")),
+             *sorted((ROOT / "examples").glob("**/*.py"))]
     return [f for f in files if f.is_file()]
 
 
