@@ -422,3 +422,90 @@ def test_kfits_rate_callbacks_log_learning_rate_as_the_keras_callbacks_they_repl
         assert "learning_rate" not in header and "lr" in header
         rows = [line.split(",") for line in (tmp_path / f"{source}.csv").read_text().splitlines()[1:]]
         np.testing.assert_allclose([float(r[header.index("lr")]) for r in rows], expected, rtol=1e-6)
+
+
+class RowRecorder(keras.layers.Layer):
+    """Passes its input on; in training (run eagerly) records the first column of each minibatch: its rows' numbers."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.minibatches: list[list[int]] = []
+
+    def call(self, x, training=False):
+        if training:
+            self.minibatches.append(keras.ops.convert_to_numpy(x[:, 0]).astype(int).tolist())
+        return x
+
+
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+def test_shuffle_batch_shuffles_inside_each_minibatch_as_model_fit_does(loop, tmp_path):
+    """``shuffle="batch"`` (Keras's option for HDF5 data): the minibatches come in order, each one range of rows
+    in an order of its own. kfit's loop made it a full shuffle, mixing rows from everywhere."""
+    x = np.zeros((24, 2), "float32")
+    x[:, 0] = np.arange(24)
+    y = np.zeros((24, 1), "float32")
+    runs = []
+    for _ in range(2):
+        recorder = RowRecorder()
+        model = compiled(keras.Sequential([keras.Input((2,)), recorder, keras.layers.Dense(1)]), run_eagerly=True)
+        if loop == "model.fit":
+            model.fit(x, y, batch_size=8, epochs=2, shuffle="batch", verbose=0)
+        else:
+            kfit.fit(model, x, y, batch_size=8, epochs=2, shuffle="batch", seed=0, verbose=0,
+                     callbacks=[kfit.callbacks.Checkpoint(tmp_path / f"run{len(runs)}.ckpt")])
+        runs.append(recorder.minibatches)
+    for minibatches in runs:
+        assert [sorted(rows) for rows in minibatches] == [list(range(0, 8)), list(range(8, 16)), list(range(16, 24))] * 2
+        assert sum(rows != sorted(rows) for rows in minibatches) >= 4  # shuffled inside (8! orders: rarely sorted)
+    if loop == "kfit.fit":
+        assert runs[0] == runs[1]  # by (seed, position): the same run twice reads the same minibatches
+
+
+def test_shuffle_batch_resumes_exactly_mid_epoch(tmp_path):
+    """The checkpoint's stream state keeps ``"batch"``: the resumed epoch reads the interrupted one's minibatches."""
+    x, y = regression_data(64)
+    reference = compiled(mlp())
+    kfit.fit(reference, x, y, batch_size=8, epochs=3, shuffle="batch", seed=0, verbose=0)
+    path = tmp_path / "run.ckpt"
+    kfit.fit(compiled(mlp()), x, y, batch_size=8, epochs=3, shuffle="batch", seed=0, max_samples=88, verbose=0,
+             callbacks=[kfit.callbacks.Checkpoint(path)])
+    resumed = compiled(mlp())
+    checkpoint = kfit.callbacks.Checkpoint(path)
+    kfit.fit(resumed, x, y, batch_size=8, epochs=3, shuffle="batch", seed=0, verbose=0, callbacks=[checkpoint])
+    assert checkpoint.restored_from.samples == 88  # in the second epoch
+    assert_same_weights(reference, resumed)
+
+
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+def test_zero_epochs_train_nothing_as_in_model_fit(loop, tmp_path):
+    """``epochs=0`` (a script whose epochs come from a setting): ``model.fit`` trains nothing and returns an empty
+    History; kfit refused it."""
+    x, y = regression_data(64)
+    model = compiled(mlp())
+    before = weights(model)
+    extra = {} if loop == "model.fit" else {"seed": 0, "callbacks": [kfit.callbacks.Checkpoint(tmp_path / "c.ckpt")]}
+    history = kfit.fit(model, x, y, batch_size=8, epochs=0, verbose=0, **extra)
+    assert history.history == {} and history.epoch == []
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 0
+    for a, b in zip(before, weights(model)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("verbose", ["auto", 0, 2])
+def test_history_params_are_model_fits(verbose, capsys):
+    x, y = regression_data(64)
+    plain = compiled(mlp()).fit(x, y, batch_size=8, epochs=2, verbose=verbose).params
+    looped = kfit.fit(compiled(mlp()), x, y, batch_size=8, epochs=2, verbose=verbose, seed=0).params
+    assert plain == {"verbose": verbose, "epochs": 2, "steps": 8}
+    assert looped == plain
+
+
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+def test_arrays_that_run_out_before_steps_per_epoch_are_reported_as_under_model_fit(loop):
+    """Keras warns when the data ends before ``steps_per_epoch`` steps; kfit's loop hid its warning."""
+    x, y = regression_data(200)
+    extra = {} if loop == "model.fit" else {"seed": 0}
+    model = compiled(mlp())
+    with pytest.warns(UserWarning, match="Your input ran out of data"):
+        kfit.fit(model, x, y, batch_size=32, steps_per_epoch=10, epochs=2, verbose=0, **extra)
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 14  # each epoch one pass of 7 steps

@@ -149,7 +149,7 @@ BAD_ARGUMENTS = [
     ({"batch_size": 8, "minibatch_size": 16}, r"aliases; give one"),
     ({"validation_split": -0.1}, r"`validation_split`: expected a number in \[0, 1\). Received: validation_split=-0.1"),
     ({"validation_split": 1.0}, r"validation_split=1.0"),
-    ({"epochs": 0}, r"`epochs`: expected a positive integer or None. Received: epochs=0"),
+    ({"epochs": -1}, r"`epochs`: expected a non-negative integer or None. Received: epochs=-1"),
     ({"epochs": True}, r"Received: epochs=True"),
     ({"steps_per_epoch": -1}, r"steps_per_epoch=-1"),
     ({"validation_steps": 0}, r"validation_steps=0"),

@@ -7,6 +7,7 @@ minibatches in the same order.
 """
 
 import functools
+import warnings
 
 import keras
 import numpy as np
@@ -433,3 +434,20 @@ def test_a_shuffling_dataloader_resumes_exactly_from_its_saved_random_states(own
     for a, b in zip(weights(reference), weights(resumed)):
         np.testing.assert_array_equal(a, b)
     assert kfit.get_clock(resumed).samples == 200
+
+
+def test_a_resumed_epoch_cut_to_the_steps_it_had_left_is_not_reported_as_the_data_running_out(tmp_path):
+    """Keras warns "Your input ran out of data" when a source ends before ``steps_per_epoch``; the epoch a run resumes
+    in ends early by kfit's doing (the steps it had left), which is no reason to warn. (A source that does run out is
+    still reported, as under model.fit: tests/test_keras_fidelity.py.)"""
+    make, options = SOURCES["endless_generator"]
+    path = tmp_path / "run.ckpt"
+    kfit.fit(compiled(mlp()), make(), epochs=3, max_samples=80, seed=0, verbose=0,
+             callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)], **options)
+    resumed = compiled(mlp())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kfit.fit(resumed, make(), epochs=3, seed=0, verbose=0, callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)],
+                 **options)
+    assert [str(w.message) for w in caught if "ran out of data" in str(w.message)] == []
+    assert kfit.get_clock(resumed).samples == 150  # the resumed epoch's steps left, then the last epoch: all trained

@@ -155,3 +155,24 @@ def test_pydataset_stream_sweeps_cover_every_sample_and_seek():
     # shares of two workers cover a global minibatch once
     parts = [PyDatasetStream(Batches(), seed=7, rank=r, num_workers=2).read(4, 9)[0] for r in range(2)]
     np.testing.assert_array_equal(np.concatenate(parts), whole[4:13])
+
+
+def test_batch_shuffle_reads_each_minibatch_from_one_range_in_an_order_of_its_own(tmp_path):
+    """``shuffle="batch"``: minibatches in order, each the next range of rows, shuffled inside by (seed, position);
+    worker shares split that shuffled minibatch; h5py reads the range once; the state keeps the mode."""
+    stream = SampleStream(np.arange(20), shuffle="batch", seed=4)
+    minibatches = [stream.read(start, 8)[0].tolist() for start in (0, 8, 16)]
+    assert [sorted(rows) for rows in minibatches] == [list(range(8)), list(range(8, 16)), [0, 1, 2, 3, 16, 17, 18, 19]]
+    assert all(rows != sorted(rows) for rows in minibatches[:2])
+    assert SampleStream(np.arange(20), shuffle="batch", seed=4).read(8, 8)[0].tolist() == minibatches[1]
+    assert SampleStream(np.arange(20), shuffle="batch", seed=5).read(8, 8)[0].tolist() != minibatches[1]
+    shares = [SampleStream(np.arange(20), shuffle="batch", seed=4, rank=r, num_workers=3).read(8, 8)[0] for r in range(3)]
+    assert np.concatenate(shares).tolist() == minibatches[1]
+    with h5py.File(tmp_path / "data.h5", "w") as f:
+        f["x"] = np.arange(20)
+        assert SampleStream(f["x"], shuffle="batch", seed=4).read(8, 8)[0].tolist() == minibatches[1]
+    resumed = SampleStream(np.arange(20), seed=4)
+    resumed.set_state(stream.get_state())
+    assert resumed.shuffle == "batch" and resumed.read(16, 8)[0].tolist() == minibatches[2]
+    with pytest.raises(ValueError, match="shuffle='yes'"):
+        SampleStream(np.arange(20), shuffle="yes")

@@ -40,6 +40,7 @@ STR = _type("a string", lambda v: isinstance(v, str))
 BOOL = _type("true or false", lambda v: isinstance(v, bool))
 INT = _type("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
 COUNT = _type("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+SHUFFLE = _type('true, false or "batch"', lambda v: isinstance(v, bool) or v == "batch")
 NUMBER = _type("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
@@ -103,7 +104,7 @@ META: Spec = record({
     "variables": record({"model": list_of(STR), "optimizer": list_of(STR), "metrics": list_of(STR)}),
     "clock": optional(record({"samples": COUNT, "minibatches": COUNT},
                              {"epoch_size": optional(COUNT), "minibatch_size": optional(COUNT)})),
-    "stream": optional(record({}, {"position": COUNT, "seed": optional(INT), "shuffle": BOOL,
+    "stream": optional(record({}, {"position": COUNT, "seed": optional(INT), "shuffle": SHUFFLE,
                                    "num_samples": optional(COUNT), "kind": STR})),
     "callbacks": dict_of(ANY),
     "history": optional(record({"epoch": list_of(ANY), "history": dict_of(list_of(ANY))})),

@@ -124,6 +124,9 @@ class SourceAdapter(_backend.DataAdapter):
         self._resumed_pass = False
         #: The steps left in the epoch a run resumes in, when known, for Keras (see :meth:`on_epoch_begin`).
         self._steps_left: int | None = None
+        #: The epoch in progress is one a resume cut short (the steps it had left): Keras, told so, warns that the
+        #: input "ran out of data", which is kfit's doing, not the source's.
+        self.cut_short = False
         self._signature: Any = None
         #: Makes an iterable over one pass of the source, in the form Keras asked for (set by ``get_*``).
         self._passes: Callable[[], Any] = {
@@ -198,9 +201,11 @@ class SourceAdapter(_backend.DataAdapter):
             # seed generators: dropout would then differ from the uninterrupted run's).
             _backend.set_epoch_batches(self._steps_left)
             self._steps_left = None
+            self.cut_short = True
 
     def on_epoch_end(self) -> None:
         self.inner.on_epoch_end()
+        self.cut_short = False
         if self._mirrors_epoch_end_pass and _backend.epoch_iterator_opened_next_pass():
             self._draw_unread_pass()
 

@@ -82,6 +82,8 @@ def take(source: Any, indices: np.ndarray) -> np.ndarray:
         if len(indices) and np.all(np.diff(indices) == 1):
             return source[int(indices[0]) : int(indices[-1]) + 1]
         unique, inverse = np.unique(indices, return_inverse=True)
+        if len(unique) and unique[-1] - unique[0] + 1 == len(unique):  # one range in another order (shuffle="batch")
+            return source[int(unique[0]) : int(unique[-1]) + 1][inverse]
         return source[unique][inverse]
     if isinstance(source, np.ndarray):
         return source[indices]
@@ -103,7 +105,9 @@ class SampleStream:
         x: inputs: an array, an h5py dataset, or a dict/list/tuple of them.
         y: targets, same forms, or None.
         sample_weight: per-sample weights, or None.
-        shuffle: shuffle each sweep (by ``(seed, sweep)``); False reads in order.
+        shuffle: shuffle each sweep (by ``(seed, sweep)``); False reads in order; ``"batch"`` reads the
+            minibatches in order and shuffles the samples inside each (by ``(seed, its position)``), as
+            ``model.fit(shuffle="batch")`` does: every minibatch reads one contiguous range of rows.
         seed: the stream's seed.
         rank: this worker's index under data-parallel training.
         num_workers: number of workers sharing each global minibatch.
@@ -125,11 +129,12 @@ class SampleStream:
         y: Any = None,
         sample_weight: Any = None,
         *,
-        shuffle: bool = True,
+        shuffle: bool | str = True,
         seed: int = 0,
         rank: int = 0,
         num_workers: int = 1,
     ):
+        _checks.choice("shuffle", shuffle, (True, False, "batch"))
         _checks.count("seed", seed)
         _checks.count("num_workers", num_workers, low=1)
         if not isinstance(rank, int) or not 0 <= rank < num_workers:
@@ -163,7 +168,8 @@ class SampleStream:
         self.has_h5py = any(is_h5py_dataset(leaf) for leaf in self.leaves)
         #: Every array is a NumPy array in memory: reading a minibatch is a gather, faster than a reader thread.
         self.in_memory = all(leaf is None or isinstance(leaf, np.ndarray) for leaf in self.leaves)
-        self.shuffle = bool(shuffle)
+        #: True (each sweep shuffled), False (in order) or ``"batch"`` (in order, shuffled inside each minibatch).
+        self.shuffle: bool | str = "batch" if shuffle == "batch" else bool(shuffle)
         self.seed = int(seed)
         self.rank = rank
         self.num_workers = num_workers
@@ -173,8 +179,8 @@ class SampleStream:
         self._flat = not any(isinstance(part, (Mapping, list, tuple)) for part in self.structure)
 
     def order(self, sweep: int) -> np.ndarray:
-        """The sample order of ``sweep`` (a permutation when shuffling)."""
-        if not self.shuffle:
+        """The sample order of ``sweep`` (a permutation when each sweep is shuffled)."""
+        if self.shuffle is not True:
             return np.arange(self.num_samples)
         cache = self._order_cache  # read once: tf.data's thread reads ahead (kfit.data._epochs_ahead)
         if cache is None or cache[0] != sweep:
@@ -187,7 +193,7 @@ class SampleStream:
         n = self.num_samples
         sweep, offset = divmod(start, n)
         if stop - start <= n - offset:  # within one sweep (most minibatches): a slice of its order, no copy
-            if not self.shuffle:
+            if self.shuffle is not True:
                 return np.arange(offset, offset + stop - start)
             return self.order(sweep)[offset : offset + stop - start]
         parts = []
@@ -195,7 +201,7 @@ class SampleStream:
         while position < stop:
             sweep, offset = divmod(position, n)
             take_here = min(stop - position, n - offset)
-            order = self.order(sweep) if self.shuffle else None
+            order = self.order(sweep) if self.shuffle is True else None
             if order is None:
                 parts.append(np.arange(offset, offset + take_here))
             else:
@@ -231,7 +237,11 @@ class SampleStream:
     def rows(self, start: int, size: int) -> np.ndarray:
         """The sample indices :meth:`read` gathers for the global minibatch ``[start, start + size)``."""
         self.check_minibatch_size(size)
-        return self.indices(*share(start, size, self.rank, self.num_workers))
+        lo, hi = share(start, size, self.rank, self.num_workers)
+        if self.shuffle != "batch":
+            return self.indices(lo, hi)
+        rows = self.indices(start, start + size)[np.random.default_rng([self.seed, start]).permutation(size)]
+        return rows[lo - start : hi - start]
 
     def get_state(self) -> dict[str, Any]:
         """The stream's position and seed (plain data).
@@ -249,7 +259,8 @@ class SampleStream:
                 f"{self.num_samples}. Resume with the same training data."
             )
         self.seed = int(state.get("seed", self.seed))
-        self.shuffle = bool(state.get("shuffle", self.shuffle))
+        shuffle = state.get("shuffle", self.shuffle)
+        self.shuffle = "batch" if shuffle == "batch" else bool(shuffle)
         self.position = int(state["position"])
         self._order_cache = None
 

@@ -12,6 +12,7 @@ import dataclasses
 import math
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -471,9 +472,9 @@ class _StreamFit:
         self.source: SourceAdapter | None = None
         self.stream: Any = None
         self.class_weight = o.class_weight
-        self.verbose = 1 if o.verbose == "auto" else o.verbose
-        if not distributed.is_chief():
-            self.verbose = 0  # only rank 0 prints progress
+        #: What Keras's loop is given (the History's ``params`` keep ``"auto"``), and what it means.
+        self.keras_verbose = o.verbose if distributed.is_chief() else 0  # only rank 0 prints progress
+        self.verbose = 1 if self.keras_verbose == "auto" else self.keras_verbose
         self.distributed = distributed.size() > 1
         if source:
             self._init_source(x, y, sample_weight, o,
@@ -519,7 +520,7 @@ class _StreamFit:
             x, y, sample_weight = to_host(x), to_host(y), to_host(sample_weight)
             if o.validation_split and validation_data is None:
                 (x, y, sample_weight), validation_data = _split_validation(x, y, sample_weight, o.validation_split)
-            self.stream = SampleStream(x, y, sample_weight, shuffle=bool(o.shuffle), seed=o.seed or 0,
+            self.stream = SampleStream(x, y, sample_weight, shuffle=o.shuffle, seed=o.seed or 0,
                                        rank=distributed.rank(), num_workers=distributed.size())
         # Without a size, Keras's: a PyDataset's own batch size, else 32.
         default = self.stream.batch_size if isinstance(self.stream, PyDatasetStream) else 32
@@ -680,10 +681,15 @@ class _StreamFit:
             if sharded:  # first at the epoch end (the lowest order), before _AverageMetrics
                 callbacks = [_validation.CombineValidation(), *callbacks]
             with warnings.catch_warnings():
-                # An epoch whose plan holds fewer minibatches than declared ends early, by design.
-                warnings.filterwarnings("ignore", message="Your input ran out of data")
+                # Keras's "ran out of data" for an epoch kfit ends early by design: one whose plan holds fewer
+                # minibatches than declared, or the steps a resumed epoch had left. A source's own running out is
+                # Keras's to report, as under model.fit.
+                if isinstance(adapter, StreamAdapter):
+                    warnings.filterwarnings("ignore", message="Your input ran out of data")
+                else:
+                    warnings.showwarning = _unless_cut_short(warnings.showwarning, self.source)
                 model.fit(
-                    adapter, epochs=self.num_epochs, verbose=self.verbose, callbacks=callbacks,
+                    adapter, epochs=self.num_epochs, verbose=self.keras_verbose, callbacks=callbacks,
                     validation_data=validation_data, validation_steps=self.options.validation_steps,
                     validation_batch_size=self.options.validation_batch_size or validation_size,
                     validation_freq=self.options.validation_freq, initial_epoch=0,
@@ -701,6 +707,15 @@ class _StreamFit:
             _backend.set_initial_epoch(model, None)
         self.history.epoch_summaries = self.summaries.summaries
         return self.history
+
+
+def _unless_cut_short(show: Callable[..., None], source: SourceAdapter) -> Callable[..., None]:
+    """``show`` (``warnings.showwarning``) without Keras's "ran out of data" while ``source`` is in an epoch that
+    a resume cut short."""
+    def showwarning(message: Any, *args: Any, **kwargs: Any) -> None:
+        if not (source.cut_short and "Your input ran out of data" in str(message)):
+            show(message, *args, **kwargs)
+    return showwarning
 
 
 __all__ = ["fit"]

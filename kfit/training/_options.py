@@ -76,9 +76,9 @@ class FitOptions:
                 raise _checks.InvalidArgumentError(
                     "Give the minibatch size either as `minibatch_size=` or as a MinibatchSizeSchedule callback, not both.")
             minibatch_size = size_callbacks[0].schedule
-        for name in ("epochs", "steps_per_epoch", "validation_steps", "validation_batch_size", "epoch_size",
-                     "max_samples"):
+        for name in ("steps_per_epoch", "validation_steps", "validation_batch_size", "epoch_size", "max_samples"):
             _checks.count(name, getattr(options, name), low=1, allow_none=True)
+        _checks.count("epochs", options.epochs, allow_none=True)  # 0 trains nothing, as in model.fit
         _checks.count("seed", options.seed, allow_none=True)
         _checks.count("initial_epoch", options.initial_epoch)
         _checks.count("prefetch", options.prefetch, allow_none=True)
