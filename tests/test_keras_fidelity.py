@@ -509,3 +509,18 @@ def test_arrays_that_run_out_before_steps_per_epoch_are_reported_as_under_model_
     with pytest.warns(UserWarning, match="Your input ran out of data"):
         kfit.fit(model, x, y, batch_size=32, steps_per_epoch=10, epochs=2, verbose=0, **extra)
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 14  # each epoch one pass of 7 steps
+
+
+@pytest.mark.parametrize("verbose", [1, 2])
+def test_a_users_own_progbar_logger_is_the_only_progress_bar_as_in_model_fit(verbose, capsys):
+    """Keras adds no progress bar next to a user's ProgbarLogger; kfit's loop added its own, printing every line
+    twice."""
+    x, y = regression_data(64)
+    outputs = []
+    for extra in ({}, {"seed": 0}):
+        kfit.fit(compiled(mlp()), x, y, batch_size=32, epochs=2, verbose=verbose, shuffle=False,
+                 callbacks=[keras.callbacks.ProgbarLogger()], **extra)
+        outputs.append(capsys.readouterr().out)
+    plain, looped = outputs
+    assert looped.count("loss:") == plain.count("loss:") >= 2  # the user's bar alone: no second line per update
+    assert "samples/s" not in looped

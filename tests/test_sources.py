@@ -451,3 +451,32 @@ def test_a_resumed_epoch_cut_to_the_steps_it_had_left_is_not_reported_as_the_dat
                  **options)
     assert [str(w.message) for w in caught if "ran out of data" in str(w.message)] == []
     assert kfit.get_clock(resumed).samples == 150  # the resumed epoch's steps left, then the last epoch: all trained
+
+
+class _WeightedBatches(_Batches):
+    """``_Batches`` with sample weights: ``(x, y, sample_weight)``."""
+
+    def __getitem__(self, index):
+        x, y = super().__getitem__(index)
+        return x, y, np.linspace(0.5, 1.5, len(x)).astype("float32")
+
+
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+def test_class_weight_with_a_pydataset_that_yields_sample_weights_is_refused_as_by_model_fit(loop):
+    """model.fit refuses both weightings; kfit's loop trained with the class weights alone, dropping the sample
+    weights without a word."""
+    model = compiled(mlp())
+    before = weights(model)
+    extra = {} if loop == "model.fit" else {"seed": 0}
+    with pytest.raises(ValueError, match="You cannot specify `class_weight` and `sample_weight` at the same time"):
+        kfit.fit(model, _WeightedBatches(), class_weight={0: 1.0, 1: 2.0}, epochs=1, verbose=0, **extra)
+    for a, b in zip(before, weights(model)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_schedule_on_sparse_data_is_refused_for_what_sparse_data_is():
+    import scipy.sparse as scipy_sparse
+
+    x = scipy_sparse.csr_matrix(np.where(np.abs(X) > 0.8, X, 0.0).astype("float32"))
+    with pytest.raises(ValueError, match="x is a csr_matrix, which is sparse, which Keras's own adapter reads .*Give the data as arrays"):
+        kfit.fit(compiled(mlp()), x, Y, minibatch_size=kfit.schedules.minibatch_size([8, 16], epoch_size=50), verbose=0)

@@ -229,18 +229,21 @@ def _check_callbacks(callbacks: list) -> None:
 def _check_source_options(x: Any, options: FitOptions, callbacks: list) -> None:
     """A source that batches by itself (tf.data, a generator, a DataLoader) cannot follow kfit's plan."""
     kind = type(x).__name__
+    sparse = any(leaf is not None and is_sparse(leaf) for leaf in flatten(x))
+    own = ("is sparse, which Keras's own adapter reads (kfit's stream gathers dense rows)" if sparse
+           else "makes its own minibatches")
     works = ("Give the data as arrays (NumPy arrays, h5py datasets, dicts/lists of them) or as a "
              "keras.utils.PyDataset, which kfit cuts into minibatches itself")
     if options.minibatch_size is not None and options.fixed_minibatch_size is None:
         raise ValueError(f"A minibatch-size schedule needs data that kfit cuts into minibatches; x is a {kind}, which "
-                         f"makes its own minibatches. {works}, or train at the source's own minibatch size.")
+                         f"{own}. {works}, or train at the source's own minibatch size.")
     if options.epoch_size is not None:
         raise ValueError(f"Argument `epoch_size` needs data that kfit reads as a stream of samples; x is a {kind}, whose "
                          f"epochs are its own passes (use `steps_per_epoch`, as with model.fit). {works}. "
                          f"Received: epoch_size={options.epoch_size!r}")
     if options.pad_remainders:
         raise ValueError(f"Argument `pad_remainders` needs data that kfit cuts into minibatches; x is a {kind}, which "
-                         f"makes its own minibatches. {works}. Received: pad_remainders=True")
+                         f"{own}. {works}. Received: pad_remainders=True")
     if options.validation_split:
         raise ValueError(f"Argument `validation_split` needs arrays (as in model.fit); x is a {kind}. Give "
                          f"`validation_data` instead. Received: validation_split={options.validation_split!r}")
@@ -567,6 +570,10 @@ class _StreamFit:
         """The host minibatch ``(x, y, sample_weight)`` at ``(start, size)`` (runs on a reader thread)."""
         x, y, sample_weight = self.stream.read(start, size)
         if self.class_weight is not None:
+            if sample_weight is not None:  # a PyDataset that yields (x, y, sample_weight): refused, as by model.fit
+                raise ValueError("You cannot specify `class_weight` and `sample_weight` at the same time: the "
+                                 "training data yields sample weights. Give one of them (e.g. multiply the class "
+                                 f"weights into the sample weights). Received: class_weight={self.class_weight!r}")
             sample_weight = _class_weights(y, self.class_weight)
         return x, y, sample_weight
 
@@ -667,7 +674,8 @@ class _StreamFit:
             if self.distributed:
                 extra += [_AgreedStop(), _AverageMetrics()]
             callbacks = ordered_callbacks(self.callbacks + extra) + [self.history]
-            if self.verbose != 0 and self.source is None:
+            users_bar = any(isinstance(c, keras.callbacks.ProgbarLogger) for c in self.callbacks)
+            if self.verbose != 0 and self.source is None and not users_bar:  # Keras adds none next to a user's own
                 self.progbar = ProgressBar()
                 callbacks.append(self.progbar)
             if self.distributed:
