@@ -90,6 +90,11 @@ def take(source: Any, indices: np.ndarray) -> np.ndarray:
     return np.asarray(source[indices])
 
 
+def _shuffle_mode(shuffle: Any) -> bool | str:
+    """True (each sweep shuffled), False (in order) or ``"batch"`` (in order, shuffled inside each minibatch)."""
+    return "batch" if shuffle == "batch" else bool(shuffle)
+
+
 def share(start: int, size: int, rank: int, num_workers: int) -> tuple[int, int]:
     """The positions ``[lo, hi)`` of worker ``rank``'s share of the global minibatch ``[start, start+size)``."""
     base, extra = divmod(size, num_workers)
@@ -169,7 +174,7 @@ class SampleStream:
         #: Every array is a NumPy array in memory: reading a minibatch is a gather, faster than a reader thread.
         self.in_memory = all(leaf is None or isinstance(leaf, np.ndarray) for leaf in self.leaves)
         #: True (each sweep shuffled), False (in order) or ``"batch"`` (in order, shuffled inside each minibatch).
-        self.shuffle: bool | str = "batch" if shuffle == "batch" else bool(shuffle)
+        self.shuffle: bool | str = _shuffle_mode(shuffle)
         self.seed = int(seed)
         self.rank = rank
         self.num_workers = num_workers
@@ -259,8 +264,7 @@ class SampleStream:
                 f"{self.num_samples}. Resume with the same training data."
             )
         self.seed = int(state.get("seed", self.seed))
-        shuffle = state.get("shuffle", self.shuffle)
-        self.shuffle = "batch" if shuffle == "batch" else bool(shuffle)
+        self.shuffle = _shuffle_mode(state.get("shuffle", self.shuffle))
         self.position = int(state["position"])
         self._order_cache = None
 
