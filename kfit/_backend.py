@@ -451,6 +451,19 @@ def average_in_progbar(progbar: Any, name: str) -> None:
         progbar.stateless_metrics.add(name)
 
 
+def show_last_in_progbar(progbar: Any, name: str, logs: list[str]) -> None:
+    """Makes ``keras.utils.Progbar`` show the log ``name`` after the others of ``logs`` (it shows logs in the order
+    it first saw them: the validation logs, first seen at an epoch's end, would follow ``name``). Keras internal
+    (``_values_order``), checked against Keras 3.10-3.15."""
+    order = getattr(progbar, "_values_order", None)
+    if not isinstance(order, list):
+        return
+    order.extend(key for key in logs if key not in order)
+    if name in order:
+        order.remove(name)
+        order.append(name)
+
+
 def global_seed_state() -> np.ndarray | None:
     """The state of Keras's global ``SeedGenerator`` (used by ``keras.random`` ops called without a seed
     generator of their own), or None when none was made. Checked against Keras 3.10-3.15."""
@@ -488,6 +501,76 @@ def keras_callback_state_attributes(callback: Any) -> tuple[str, ...]:
         if cls.__module__.startswith("keras.") and cls.__name__ in _KERAS_CALLBACK_STATE:
             return _KERAS_CALLBACK_STATE[cls.__name__]
     return ()
+
+
+def before_ema_finalize(optimizer: Any, hook: Callable[[], None]) -> Callable[[], None]:
+    """Has ``hook()`` called right before ``optimizer.finalize_variable_values``, which ``model.fit`` calls when its
+    epochs are over, right before ``on_train_end`` (on JAX also after an exception), and which overwrites the model's
+    trainable variables with their moving averages when the optimizer keeps them (``use_ema=True``). Returns what
+    undoes it. Nothing is done for an optimizer without EMA. Checked against Keras 3.10-3.15 (every backend's
+    ``fit``; ``LossScaleOptimizer`` hands the call to its inner optimizer)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if not getattr(inner, "use_ema", False) or "finalize_variable_values" in vars(optimizer):
+        return lambda: None
+    finalize = optimizer.finalize_variable_values
+
+    def finalize_after_hook(var_list: Any) -> None:
+        hook()
+        finalize(var_list)
+
+    optimizer.finalize_variable_values = finalize_after_hook
+
+    def undo() -> None:
+        if vars(optimizer).get("finalize_variable_values") is finalize_after_hook:
+            del optimizer.finalize_variable_values
+    return undo
+
+
+def finalize_ema(model: Any) -> None:
+    """What ``model.fit`` does once its epochs are over: an optimizer with ``use_ema=True`` overwrites the model's
+    trainable variables with their moving averages (nothing for one without)."""
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, keras.optimizers.Optimizer) and optimizer.built:
+        optimizer.finalize_variable_values(model.trainable_weights)
+
+
+def is_csv_logger(callback: Any) -> bool:
+    """Whether ``callback`` is Keras's ``CSVLogger`` (or a subclass of it)."""
+    return isinstance(callback, keras.callbacks.CSVLogger)
+
+
+def csv_logger_state(callback: Any) -> dict[str, Any] | None:
+    """What Keras's ``CSVLogger`` has written and will write: its file's contents (bytes, as uint8) and its columns;
+    None before its ``on_train_begin`` opened the file. Keras internals (``csv_file``, ``keys``), checked against
+    Keras 3.10-3.15."""
+    from keras.src.utils import file_utils
+
+    csv_file = getattr(callback, "csv_file", None)
+    if csv_file is None or csv_file.closed:
+        return None
+    csv_file.flush()
+    with file_utils.File(callback.filename, "rb") as f:
+        contents = f.read()
+    return {"contents": np.frombuffer(contents, dtype=np.uint8), "keys": callback.keys}
+
+
+def set_csv_logger_state(callback: Any, state: dict[str, Any]) -> None:
+    """Puts back what :func:`csv_logger_state` read, after the callback's ``on_train_begin`` opened its file (and,
+    with ``append=False``, emptied it): the file holds the rows written until then, the next row follows them
+    in the same columns, without a second header. Keras internals (``csv_file``, ``writer``, ``keys``,
+    ``append_header``), checked against Keras 3.10-3.15."""
+    from keras.src.utils import file_utils
+
+    csv_file = getattr(callback, "csv_file", None)
+    if csv_file is not None and not csv_file.closed:
+        csv_file.close()
+    contents = np.asarray(state["contents"], dtype=np.uint8).tobytes()
+    with file_utils.File(callback.filename, "wb") as f:
+        f.write(contents)
+    callback.csv_file = file_utils.File(callback.filename, "a")
+    callback.writer = None
+    callback.keys = None if state.get("keys") is None else list(state["keys"])
+    callback.append_header = not contents
 
 
 def initial_epoch(model: Any) -> int | None:

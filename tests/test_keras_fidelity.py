@@ -189,6 +189,27 @@ def test_ema_weights_are_swapped_in_at_the_end_as_in_model_fit():
     assert_same_weights(*models)
 
 
+def test_a_finished_run_with_ema_continues_exactly_and_reloads_as_model_fit_left_it(tmp_path):
+    """The final checkpoint (written after model.fit swapped the moving averages in) holds the trained weights: a run
+    continued from it equals one never stopped; a rerun, and load_checkpoint, give model.fit's averaged weights."""
+    x, y = regression_data(40)
+
+    def run(epochs, path=None):
+        model = compiled(mlp(), optimizer=keras.optimizers.SGD(0.05, momentum=0.9, use_ema=True, ema_momentum=0.9))
+        callbacks = [] if path is None else [kfit.callbacks.Checkpoint(path, frequency=24, async_write=False)]
+        kfit.fit(model, x, y, batch_size=8, epochs=epochs, shuffle=False, seed=0, verbose=0, callbacks=callbacks)
+        return model
+
+    path = str(tmp_path / "run.ckpt")
+    two_epochs = run(2, path)  # its last save is the one after model.fit's end (24 does not divide 80)
+    assert_same_weights(run(2, path), two_epochs)  # a rerun of the finished run trains nothing
+    fresh = compiled(mlp(), optimizer=keras.optimizers.SGD(0.05, momentum=0.9, use_ema=True, ema_momentum=0.9))
+    info = kfit.load_checkpoint(path, fresh)  # the newest checkpoint
+    assert info.samples == 80
+    assert_same_weights(fresh, two_epochs)
+    assert_same_weights(run(3, path), run(3))  # continued from the finished run: as one never stopped
+
+
 def test_keras_callbacks_see_what_model_fit_shows_them():
     x, y = regression_data(40)
     seen = {}
@@ -383,6 +404,21 @@ def test_the_keras_progress_bar_follows_each_epochs_steps_with_samples_per_secon
     assert "samples/s:" in first and "samples/s:" in second
 
 
+@pytest.mark.parametrize("verbose", [1, 2])
+def test_the_epoch_line_shows_the_logs_in_model_fits_order_then_samples_per_second(verbose, capsys):
+    """With verbose=1 the samples per second came before the validation logs (first seen at the epoch's end)."""
+    x, y = regression_data(32)
+    lines = {}
+    for loop in ("model.fit", "kfit.fit"):
+        model = compiled(mlp(), metrics=["mae"])
+        extra = {} if loop == "model.fit" else {"seed": 0}
+        kfit.fit(model, x, y, batch_size=8, epochs=1, verbose=verbose, validation_data=(x[:8], y[:8]), **extra)
+        last = capsys.readouterr().out.replace("\r", "\n").strip().splitlines()[-1]
+        lines[loop] = [part.split(":")[0].strip() for part in last.split(" - ") if ":" in part]
+    assert lines["model.fit"] == ["loss", "mae", "val_loss", "val_mae"]
+    assert lines["kfit.fit"] == [*lines["model.fit"], "samples/s"]
+
+
 RATES = [0.08, 0.04, 0.02, 0.01]
 
 
@@ -524,3 +560,62 @@ def test_a_users_own_progbar_logger_is_the_only_progress_bar_as_in_model_fit(ver
     plain, looped = outputs
     assert looped.count("loss:") == plain.count("loss:") >= 2  # the user's bar alone: no second line per update
     assert "samples/s" not in looped
+
+
+def test_a_learning_rate_scheduler_steps_once_in_the_epoch_a_run_resumes_in(tmp_path):
+    """Keras's ``LearningRateScheduler`` steps the rate it reads at every epoch begin; model.fit begins the resumed
+    epoch anew, and the restored rate (already stepped for it) was stepped a second time."""
+    x, y = regression_data(64)
+
+    def run(**options):
+        model = compiled(mlp())
+        scheduler = keras.callbacks.LearningRateScheduler(lambda epoch, rate: rate * 0.5)
+        history = kfit.fit(model, x, y, batch_size=8, epochs=3, shuffle=False, seed=0, verbose=0,
+                           callbacks=[scheduler, *options.pop("callbacks", [])], **options)
+        return model, history
+
+    reference, expected = run()
+    path = tmp_path / "run.ckpt"
+    run(max_samples=88, callbacks=[kfit.callbacks.Checkpoint(path)])  # stops in the second epoch
+    checkpoint = kfit.callbacks.Checkpoint(path)
+    resumed, history = run(callbacks=[checkpoint])
+    assert checkpoint.restored_from.samples == 88
+    assert history.history["learning_rate"] == expected.history["learning_rate"]
+    np.testing.assert_allclose(expected.history["learning_rate"], [0.025, 0.0125, 0.00625])
+    assert_same_weights(reference, resumed)
+
+
+class CrashAtStep(keras.callbacks.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step, self.steps = step, 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.steps == self.step:
+            raise RuntimeError("crash")
+        self.steps += 1
+
+
+@pytest.mark.parametrize("append", [False, True])
+@pytest.mark.parametrize("crash_at", [11, 17])  # checkpoints every 40 samples: 88 resumes at 80; 136 (after an
+# epoch end whose row was written) at 120
+def test_keras_csv_logger_file_of_a_resumed_run_is_the_uninterrupted_runs(tmp_path, append, crash_at):
+    """A checkpoint keeps what Keras's CSVLogger wrote: its file lost the rows before the resume (append=False
+    empties it) or got the rows of the epochs run again (append=True)."""
+    x, y = regression_data(64)
+
+    def run(csv, *callbacks):
+        logger = keras.callbacks.CSVLogger(str(csv), append=append)
+        kfit.fit(compiled(mlp()), x, y, batch_size=8, epochs=3, shuffle=False, seed=0, verbose=0,
+                 validation_data=(x[:16], y[:16]), callbacks=[logger, *callbacks])
+
+    run(tmp_path / "uninterrupted.csv")
+    path, csv = tmp_path / "run.ckpt", tmp_path / "resumed.csv"
+    with pytest.raises(RuntimeError, match="crash"):
+        run(csv, kfit.callbacks.Checkpoint(path, frequency=40, async_write=False), CrashAtStep(crash_at))
+    checkpoint = kfit.callbacks.Checkpoint(path, frequency=40, async_write=False)
+    run(csv, checkpoint)
+    assert checkpoint.restored_from.samples == (80 if crash_at == 11 else 120)
+    expected = (tmp_path / "uninterrupted.csv").read_text()
+    assert [row.split(",")[0] for row in expected.splitlines()] == ["epoch", "0", "1", "2"]
+    assert csv.read_text() == expected

@@ -237,3 +237,61 @@ def test_a_changed_learning_rate_is_said_on_resume(tmp_path, capsys):
     err = capsys.readouterr().err
     assert ("kfit: note: the learning rate schedule differs from the one the run trained with: it gives 0.032 for "
             "the checkpoint's last minibatch, which trained with 0.016. Training goes on with this script's schedule.") in err
+
+
+class StopAtStep(keras.callbacks.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step, self.steps = step, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+        if self.steps == self.step:
+            self.model.stop_training = True
+
+
+@pytest.mark.parametrize("frequency", [None, 48])
+def test_a_rerun_of_a_run_stopped_inside_an_epoch_returns_its_partial_epoch_as_model_fit_did(tmp_path, frequency):
+    """model.fit records the epoch a callback stopped in (its logs, its validation); the rerun of the finished run
+    returned the history without it."""
+    path = str(tmp_path / "run.ckpt")
+    validation = dict(validation_data=classification_data(16, seed=1))
+    reference = make_model()
+    expected = reference.fit(X, Y, batch_size=16, epochs=3, shuffle=False, verbose=0, callbacks=[StopAtStep(6)],
+                             **validation)
+    assert expected.epoch == [0, 1]
+
+    def run(*callbacks):
+        model = make_model()
+        checkpoint = kfit.callbacks.Checkpoint(path, frequency=frequency)
+        history = kfit.fit(model, X, Y, batch_size=16, epochs=3, shuffle=False, seed=0, verbose=0,
+                           callbacks=[*callbacks, checkpoint], **validation)
+        return model, history
+
+    stopped, history = run(StopAtStep(6))
+    rerun, again = run()
+    for returned in (history, again):
+        assert returned.epoch == expected.epoch and returned.history == expected.history
+    assert_same_weights(rerun, reference)
+
+
+@pytest.mark.parametrize("frequency", [None, 48])
+def test_a_run_continued_from_one_stopped_inside_an_epoch_has_the_uninterrupted_history(tmp_path, frequency):
+    """The checkpoint of a run stopped at max_samples inside an epoch: the continued run had that epoch twice in
+    its history, and (default frequency) the epoch's training loss after a validation that reset the metrics."""
+    path = str(tmp_path / "run.ckpt")
+    validation = dict(validation_data=classification_data(16, seed=1))
+
+    def run(**options):
+        model = make_model()
+        callbacks = [kfit.callbacks.Checkpoint(path, frequency=frequency)] if options.pop("save", True) else []
+        history = kfit.fit(model, X, Y, batch_size=16, epochs=3, shuffle=False, seed=0, verbose=0,
+                           callbacks=callbacks, **validation, **options)
+        return model, history
+
+    reference, expected = run(save=False)
+    _, stopped = run(max_samples=96)  # 32 samples into the second epoch
+    assert stopped.epoch == [0, 1]  # the partial epoch, as model.fit records one
+    continued, history = run()
+    assert history.epoch == [0, 1, 2] and history.history == expected.history
+    assert_same_weights(continued, reference)

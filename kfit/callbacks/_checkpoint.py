@@ -13,7 +13,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from kfit import _checks, _run
+import keras
+import numpy as np
+
+from kfit import _backend, _checks, _run
 from kfit.callbacks._base import KfitCallback
 from kfit.checkpoint import CheckpointInfo, _format, _lock, _run_status, _signals, _state
 from kfit.checkpoint._format import (
@@ -234,6 +237,10 @@ class Checkpoint(KfitCallback):
         self._pending = False
         self._steps_unsaved = 0
         self._epochs_done = 0
+        self._raw_weights: list | None = None  # the trained weights, before model.fit swaps their EMA in
+        #: ``(arrays, meta)`` of the step where training stopped inside an epoch: the final checkpoint's state.
+        self._stopped_step: tuple | None = None
+        self._undo_ema_hook: Any = lambda: None
 
     def _chief(self) -> bool:
         from kfit import distributed
@@ -246,6 +253,7 @@ class Checkpoint(KfitCallback):
         self._pending = False
         self._steps_unsaved = 0
         self._epochs_done = 0
+        self._stopped_step = None
         self.restored_from = None
         self.finished_before = False
         self.interrupted = False
@@ -263,6 +271,8 @@ class Checkpoint(KfitCallback):
                 self._check_writable()
                 self._lock.acquire()  # one writer per path; then every other temporary file is stale
                 _format.remove_stale_temporaries(self.path)
+                self._raw_weights = None
+                self._undo_ema_hook = _backend.before_ema_finalize(self._model.optimizer, self._keep_raw_weights)
         except BaseException:
             self.release()
             raise
@@ -314,8 +324,9 @@ class Checkpoint(KfitCallback):
         if self._training_ends(clock) and clock.samples_in_epoch:
             # Training stops in the middle of an epoch (max_samples, stop_training): the final checkpoint is
             # this step's state, before the partial epoch is closed, so that a run resumed from it (say with
-            # a larger max_samples) goes on exactly as one that never stopped.
-            self._save()
+            # a larger max_samples) goes on exactly as one that never stopped. The partial epoch's history entry
+            # is added when the epoch ends (see _save_stopped_step).
+            self._save(keep_step=True)
             return
         if self.interval is None or not clock.crossed(self.interval):
             return
@@ -333,11 +344,18 @@ class Checkpoint(KfitCallback):
         self._raise_swallowed_interrupt()
         self._epochs_done = epoch + 1
         preempted = self._preempted is not None
-        if self._pending or preempted or (self.epochs is not None and (epoch + 1) % self.epochs == 0):
+        if self._stopped_step is not None:
+            self._save_stopped_step(epoch, logs)  # the epoch that training stopped in ends
+        elif self._pending or preempted or (self.epochs is not None and (epoch + 1) % self.epochs == 0):
             self._save(epoch, logs)
         self._pending = False
         if preempted:
             self._stop_for_preemption()
+
+    def _keep_raw_weights(self) -> None:
+        """Right before ``model.fit`` overwrites the trained weights with their moving averages (``use_ema=True``):
+        a final checkpoint must hold the trained weights, from which a continued run goes on exactly."""
+        self._raw_weights = [(v, keras.ops.convert_to_numpy(v.value)) for v in self._model.trainable_weights]
 
     def on_train_end(self, logs: dict | None = None) -> None:
         try:
@@ -345,12 +363,32 @@ class Checkpoint(KfitCallback):
             # The final checkpoint, unless the last one already holds this state (taken at the last epoch end,
             # or at the last step when training stopped mid-epoch) or nothing was trained after a restore.
             if self._steps_unsaved or (self.saves == 0 and self.restored_from is None):
-                self._save()
+                self._save_trained_weights()
             elif self.saves and self._saved_status != self._run_status()["status"]:
-                self._save()  # a callback stopped training after this one had saved the step: record the stop
+                # a callback stopped training after this one had saved the step: record the stop
+                if self._stopped_step is not None:
+                    self._save_stopped_step()
+                else:
+                    self._save_trained_weights()
             self._wait_writer()
         finally:
             self.release()
+
+    def _save_trained_weights(self) -> None:
+        """Saves with the trained weights where ``model.fit`` has just swapped their moving averages in (they are
+        swapped back after): ``load_checkpoint`` of a finished run swaps them in again, as ``model.fit`` did."""
+        raw, self._raw_weights = self._raw_weights, None
+        if raw is None:
+            self._save()
+            return
+        averages = [keras.ops.convert_to_numpy(v.value) for v, _ in raw]
+        for variable, value in raw:
+            variable.assign(value)
+        try:
+            self._save()  # (collect() copies what a background write reads)
+        finally:
+            for (variable, _), value in zip(raw, averages):
+                variable.assign(value)
 
     def wait(self) -> None:
         """Waits for the checkpoint being written in the background (raises its error, if it failed)."""
@@ -362,6 +400,8 @@ class Checkpoint(KfitCallback):
         interrupted by an exception (which Keras does not report to callbacks) to let another writer use the
         path at once (it is also released when this callback is garbage-collected)."""
         self._training = False
+        self._undo_ema_hook()
+        self._undo_ema_hook = lambda: None
         try:
             self._writer.wait()
         finally:
@@ -452,13 +492,30 @@ class Checkpoint(KfitCallback):
         return None if clock is None else clock.samples
 
     # -- saving ----------------------------------------------------------------------------------
-    def _save(self, epoch: int | None = None, logs: dict | None = None) -> None:
+    def _save(self, epoch: int | None = None, logs: dict | None = None, keep_step: bool = False) -> None:
         if not self._chief():
             return
         self._wait_writer()  # its buffers are reused; a failed write is raised (or warned about) here
         parts = self.training_run
         # collect() syncs the loop's state into the variables on JAX (as self.model does): at save time only.
         arrays, meta = _state.collect(parts, self._buffers if self.async_write else None, epoch, logs)
+        if keep_step:
+            self._stopped_step = ({name: np.array(array, copy=True) for name, array in arrays.items()}, meta)
+        self._write(arrays, meta)
+
+    def _save_stopped_step(self, epoch: int | None = None, logs: dict | None = None) -> None:
+        """Writes the state of the step where training stopped inside an epoch again, with the history as it is now
+        (the partial epoch's entry, marked partial) and the run's status. A rerun that trains nothing returns that
+        history, as model.fit did; a run continued from it drops the partial entry and trains on exactly."""
+        if not self._chief():
+            return
+        self._wait_writer()
+        arrays, meta = self._stopped_step
+        arrays = {name: array for name, array in arrays.items() if not name.startswith("history/")}
+        meta = dict(meta, history=_state.partial_history_state(self.training_run.history, arrays, epoch, logs))
+        self._write(arrays, meta)
+
+    def _write(self, arrays: dict, meta: dict) -> None:
         meta["run"] = self._run_status()
         self._saved_status = meta["run"]["status"]
         samples = meta["summary"]["samples"]

@@ -219,6 +219,10 @@ def load_checkpoint(
             default: a library call leaves the process's random state alone; the ``Checkpoint`` callback restores
             them, as an exact resume needs).
 
+    A run that had ended (complete, or stopped by a callback) is restored as ``model.fit`` left the model: with an
+    optimizer that keeps moving averages (``use_ema=True``), they are swapped into the model's weights, as
+    ``model.fit`` does at its end (the checkpoint keeps the trained weights, from which a continued run goes on).
+
     Returns:
         A :class:`CheckpointInfo` of the file restored.
 
@@ -233,6 +237,7 @@ def load_checkpoint(
         >>> # model = build_model(); model.compile(...); model.build(input_shape)
         >>> # info = kfit.load_checkpoint("run.ckpt", model, clock=clock); info.samples
     """
+    from kfit import _backend
     from kfit.checkpoint import _state
 
     path = os.fspath(path)
@@ -240,6 +245,8 @@ def load_checkpoint(
     meta, arrays = _format.read_file(path)
     restore = _state.plan_restore(parts, meta, arrays, path)
     _state.apply_restore(parts, restore, meta, arrays, random_state=random_state)
+    if (meta.get("run") or {}).get("status") in ("complete", "stopped"):
+        _backend.finalize_ema(model)  # the model as model.fit left it (the file keeps the trained weights)
     return _info(path, meta, checksum_ok=True)
 
 

@@ -79,11 +79,26 @@ class KerasCallbackState:
                 setattr(self.callback, name, state[name])
 
 
+class CSVLoggerState(KerasCallbackState):
+    """``get_state`` / ``set_state`` for Keras's ``CSVLogger``: the rows its file held when the checkpoint was
+    written, so that a resumed run's file is the uninterrupted run's (Keras's own would be emptied, with
+    ``append=False``, or get the rows of the epochs run again, with ``append=True``)."""
+
+    def get_state(self) -> dict[str, Any] | None:
+        return _backend.csv_logger_state(self.callback)
+
+    def set_state(self, state: dict[str, Any] | None) -> None:
+        if state is not None:
+            _backend.set_csv_logger_state(self.callback, state)
+
+
 def _with_state(callback: Any) -> Any:
-    """``callback`` if it has ``get_state``; a :class:`KerasCallbackState` for a Keras callback with counters;
-    else None."""
+    """``callback`` if it has ``get_state``; a :class:`KerasCallbackState` for a Keras callback with counters
+    (a :class:`CSVLoggerState` for Keras's ``CSVLogger``); else None."""
     if callable(getattr(callback, "get_state", None)):
         return callback
+    if _backend.is_csv_logger(callback):
+        return CSVLoggerState(callback, (), "CSVLogger")
     attributes = _backend.keras_callback_state_attributes(callback)
     if not attributes:
         return None
@@ -227,6 +242,25 @@ def _history_state(history: Any, arrays: dict, epoch: int | None, epoch_logs: di
             record.setdefault(key, []).append(value)
     return {"epoch": _encode(epochs, arrays, "history", "history.epoch"),
             "history": _encode(record, arrays, "history", "history.history")}
+
+
+def partial_history_state(history: Any, arrays: dict, epoch: int | None, epoch_logs: dict | None) -> dict | None:
+    """The history of a run that stopped inside an epoch, once that epoch has ended: its last entry (the partial
+    epoch, as ``model.fit`` records it) is marked ``partial``, for :func:`drop_partial_epoch`."""
+    state = _history_state(history, arrays, epoch, epoch_logs)
+    return None if state is None else dict(state, partial=True)
+
+
+def drop_partial_epoch(run: Run, history: dict | None) -> None:
+    """A run that goes on from a checkpoint of a run stopped inside an epoch trains that epoch to its end: the
+    partial epoch's entry in the restored history (see :func:`partial_history_state`) makes way for the whole one."""
+    if not history or not history.get("partial") or not history["epoch"]:
+        return
+    if run.restored_history_epochs:  # plain model.fit's History gets these epochs when training begins
+        run.restored_history_epochs = run.restored_history_epochs[:-1]
+    if run.history is not None and getattr(run.history, "epoch", None):
+        run.history.epoch = run.history.epoch[:-1]
+        run.history.history = {key: values[:-1] for key, values in run.history.history.items()}
 
 
 def _random_state(arrays: dict) -> dict:

@@ -302,11 +302,12 @@ class _RunControl(keras.callbacks.Callback):
     restored metric state of an epoch resumed in its middle, Horovod's broadcast."""
 
     order = 150  # after the on_train_begin of every kfit callback (they reset their state there), before Keras's
+    # History and progress bar
 
     def __init__(self, fit: _StreamFit):
         super().__init__()
         self.fit = fit
-        self._metric_values: list | None = None
+        self._restored_values: list = []  # (variable, value) put back when the epoch a run resumed in begins
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         fit = self.fit
@@ -339,8 +340,12 @@ class _RunControl(keras.callbacks.Callback):
             _backend.set_initial_epoch(model, clock.epoch)
             mid_epoch = fit.run.resumed_mid_epoch
         if mid_epoch:
-            # model.fit resets the metrics when an epoch begins: the restored state is put back then.
-            self._metric_values = [keras.ops.convert_to_numpy(v.value) for v in model.metrics_variables]
+            # model.fit begins the resumed epoch anew: it resets the metrics, and the callbacks' on_epoch_begin run
+            # again (Keras's LearningRateScheduler would step the restored rate a second time). The restored
+            # metric state and the optimizer's scalars (its rate, kfit's hyperparameters) are put back then.
+            scalars = [v for v in getattr(model.optimizer, "variables", []) if len(v.shape) == 0]
+            self._restored_values = [(v, keras.ops.convert_to_numpy(v.value))
+                                     for v in [*model.metrics_variables, *scalars]]
 
     def _resume_source(self, fit: _StreamFit) -> bool:
         """Positions a source for the restored clock (by skipping ahead); True when that is mid-epoch."""
@@ -382,10 +387,10 @@ class _RunControl(keras.callbacks.Callback):
                 clock.epoch_size = clock.samples  # a source's epoch is one pass: now its length is known
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        if self._metric_values is not None:
-            for variable, value in zip(self.fit.model.metrics_variables, self._metric_values):
-                variable.assign(value)
-            self._metric_values = None
+        # (after the on_epoch_begin of every callback of the default order)
+        for variable, value in self._restored_values:
+            variable.assign(value)
+        self._restored_values = []
         self.fit.run.resumed_mid_epoch = False
 
 

@@ -51,4 +51,7 @@ class ProgressBar(keras.callbacks.ProgbarLogger):
         self._update_progbar(batch, self._with_rate(batch + 1, logs))
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self._finalize_progbar(self._with_rate(self.target or self.seen, logs))
+        logs = self._with_rate(self.target or self.seen, logs)
+        if self.progbar is not None:  # after the validation logs, which the bar first sees now (as with verbose=2)
+            _backend.show_last_in_progbar(self.progbar, SAMPLES_PER_SECOND, list(logs))
+        self._finalize_progbar(logs)
