@@ -680,3 +680,18 @@ def keras_pass(adapter: Any, iterator: Any, method: str) -> Any:
     reader = copy.copy(adapter)
     reader._dataset = _Given()
     return getattr(reader, method)()
+
+
+def replace_epoch_dataset(dataset: Any) -> bool:
+    """Makes the ``TFEpochIterator`` of the running ``model.fit`` read ``dataset`` from its next ``iter()`` on, in place
+    of the dataset it took from the adapter's ``get_tf_dataset`` (whose batch dimension no longer holds for the epochs
+    to come). Called from the adapter's ``on_epoch_begin``, right before Keras's loop makes the epoch's iterator (no
+    ``steps_per_epoch``). False where no ``TFEpochIterator`` runs. ``_distributed_dataset``, ``_distribute_strategy``
+    and ``_get_iterator`` are Keras internals, checked against Keras 3.10-3.15."""
+    if BACKEND != "tensorflow":
+        return False
+    owner = _running_epoch_iterator()
+    if owner is None or not hasattr(owner, "_distributed_dataset") or not hasattr(owner, "_distribute_strategy"):
+        return False
+    owner._distributed_dataset = owner._distribute_strategy.experimental_distribute_dataset(dataset)
+    return True

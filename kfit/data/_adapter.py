@@ -9,6 +9,13 @@ packs them: ``x``, ``(x, y)`` or ``(x, y, sample_weight)``.
 An epoch may hold fewer minibatches than the adapter declares (the epoch a run resumes in, the last one
 before ``max_samples``, a minibatch-size schedule): its iterator ends early, which Keras handles as the
 end of the epoch.
+
+On TensorFlow the ``tf.data`` pipeline declares the batch dimension as Keras's own array adapter does: static (the
+minibatch size) when every minibatch the step is handed until the end of the ``fit`` call has the same rows (a
+fixed minibatch size that no epoch end, nor the end of the call, cuts short; or ``pad`` padding every one to it),
+unknown otherwise (a minibatch-size schedule, a remainder). TensorFlow traces another graph for each, whose float
+rounding can differ (a ``SimpleRNN`` under oneDNN): ``kfit.fit`` on the same minibatches as ``model.fit`` then
+trains to the same bits.
 """
 
 from __future__ import annotations
@@ -62,6 +69,12 @@ class StreamAdapter(_backend.DataAdapter):
             the rows the step is handed it with (``kfit.training._padding.Padding``: ``pad.rows(plan, minibatches)``
             for the minibatches of an epoch's plan, ``pad.batch(batch, rows)``). The batches then carry sample
             weights and a row mask; on TensorFlow over data in memory ``tf.data`` pads them itself.
+
+    On TensorFlow the batch dimension of the ``tf.data`` elements is static when :meth:`_static_rows` finds every
+    minibatch from the dataset's first to the end of the call of one size (with ``batch_size`` given, through
+    ``plan_at``); Keras's own dataset (:meth:`get_tf_dataset`, made before a checkpoint restore moves the clock) is
+    checked again when an epoch begins elsewhere than it planned for, and replaced if its batch dimension no longer
+    holds.
     """
 
     def __init__(self, read: Callable[[int, int], tuple], epoch_plan: Callable[[], list],
@@ -71,6 +84,7 @@ class StreamAdapter(_backend.DataAdapter):
                  pad: Any = None):
         self._rows = rows
         self._reading = ahead[0] if ahead is not None else None  # the clock reading (samples, minibatches)
+        self._plan_at = ahead[1] if ahead is not None else None
         self._ahead = ahead if os.environ.get(READ_AHEAD_VARIABLE, "1") != "0" else None
         self._tensors: Any = None
         # Reading ahead across epochs: the epochs' chain, the TensorFlow epoch loop its tf.data iterator serves (or
@@ -89,6 +103,12 @@ class StreamAdapter(_backend.DataAdapter):
         self._prefetchers: list[Prefetcher] = []
         self._signature: Any = None
         self._pad = pad
+        # TensorFlow, Keras's own dataset (get_tf_dataset): made (or not), the static rows its elements declare (None:
+        # unknown), the clock reading where the next epoch begins if the clock follows the plans it was checked on.
+        self._keras_dataset_made = False
+        self._keras_rows: int | None = None
+        self._keras_checked: tuple[int, int] | None = None
+        self._worker_rows_of: dict[int, int] = {}  # a global minibatch size: this worker's rows of it
 
     # -- what Keras asks -------------------------------------------------------------------------
     @property
@@ -112,24 +132,76 @@ class StreamAdapter(_backend.DataAdapter):
         self._new_plan()
         _backend.declare_epoch_steps(len(self._plan))
         if self._ahead is None:
+            self._check_keras_dataset()
             return
         self._begin_reading = now = self._ahead[0]()
         owner = None  # TensorFlow: the epoch loop that one tf.data iterator can serve, if any
         if _backend.BACKEND == "tensorflow" and (self._rows is not None or self._prefetch > 0):
             owner = _backend.one_iterator_epoch_loop()
+        if owner is None:
+            self._check_keras_dataset()  # Keras's own dataset is read this epoch
         if (self._chain is not None and self._chain_owner is owner and (self._reader is None or self._reader.active)
                 and self._chain.continues(now, self._plan)):
             return  # the reader read this epoch's plan ahead: it goes on
         self.close()  # a new reader starts at this epoch's first minibatch (elsewhere than tf.data: when first read)
         if owner is not None:
             chain = self._start_chain(owner)
+            rows = self._static_rows(now, self._plan)  # every minibatch of the chain's epochs: to the end of the call
             if self._rows is not None:
                 dataset = _epochs_ahead.gathered_dataset(
                     self._data_tensors(), self._rows[1], chain.produce,
-                    None if self._pad is None else lambda index, plan: self._pad.rows(plan, chain.reading(index)[1]))
+                    None if self._pad is None else lambda index, plan: self._pad.rows(plan, chain.reading(index)[1]),
+                    static_rows=rows)
             else:
-                dataset = self._tf_generator_dataset(lambda: self._chained_batches(chain, keras.tree.lists_to_tuples))
+                dataset = self._tf_generator_dataset(lambda: self._chained_batches(chain, keras.tree.lists_to_tuples),
+                                                     rows)
             _backend.iterate_once(owner, dataset)
+
+    def _static_rows(self, reading: tuple[int, int] | None, plan: list[tuple[int, int]] | None = None) -> int | None:
+        """The rows of every minibatch the step is handed from the clock ``reading`` (``plan``: the plan of the epoch
+        beginning there; None: planned now) to the end of the ``fit`` call, when they are one number, else None.
+
+        One number only with a fixed minibatch size (``batch_size``), when no epoch end, nor the end of the call,
+        cuts a minibatch short (``_epochs_ahead.constant_size``), or when ``pad`` pads every one to that size; the
+        rows of this worker's share of it (read from the data: shares of a global size may differ by one between
+        workers)."""
+        if self._batch_size is None or self._plan_at is None or reading is None:
+            return None
+        reading = (int(reading[0]), int(reading[1]))
+        plan = self._plan_at(*reading) if plan is None else plan
+        if not plan:
+            return None
+        if self._pad is not None:
+            return self._pad.rows(plan[:1], reading[1])[0]  # the scheduled size, fixed: every minibatch is padded to it
+        size = _epochs_ahead.constant_size(self._plan_at, reading, plan)
+        return None if size is None else self._worker_rows(plan[0][0], size)
+
+    def _worker_rows(self, start: int, size: int) -> int:
+        """The rows of this worker's share of the global minibatch ``(start, size)`` (the same for every ``start``)."""
+        if size not in self._worker_rows_of:
+            if self._rows is not None:
+                rows = len(self._rows[1](start, size))
+            else:
+                leaves = [a for a in keras.tree.flatten(pack_batch(*self._read(start, size))) if a is not None]
+                rows = int(np.shape(leaves[0])[0]) if leaves else size
+            self._worker_rows_of[size] = rows
+        return self._worker_rows_of[size]
+
+    def _check_keras_dataset(self) -> None:
+        """Keeps the batch dimension that Keras's own dataset declares true for the epoch beginning now (TensorFlow).
+
+        It was declared for the clock when ``model.fit`` began, before a checkpoint's restore (or a callback) may have
+        moved it: when the epoch begins elsewhere than the plans it was checked on lead, it is checked from here, and
+        the dataset replaced if its rows no longer hold (from the next ``iter()`` on, which Keras's loop makes now)."""
+        if not self._keras_dataset_made or self._reading is None:
+            return
+        reading = tuple(self._reading())
+        if reading != self._keras_checked:
+            rows = self._static_rows(reading, self._plan)
+            if rows != self._keras_rows and _backend.replace_epoch_dataset(self._keras_dataset(rows)):
+                self._keras_rows = rows
+        plan = self._plan
+        self._keras_checked = (plan[-1][0] + plan[-1][1], reading[1] + len(plan)) if plan else reading
 
     def _start_chain(self, owner: Any = None) -> _epochs_ahead.EpochChain:
         """A chain of epochs from this one, read by one reader (``owner``: the epoch loop its tf.data iterator serves)."""
@@ -207,10 +279,20 @@ class StreamAdapter(_backend.DataAdapter):
         return _Iterable(lambda: self._batches(_backend.to_tensors))
 
     def get_tf_dataset(self) -> Any:
+        # Its batch dimension: static when every minibatch from the clock's reading now to the end of the call has
+        # the same rows (checked again when an epoch begins elsewhere: _check_keras_dataset).
+        self._keras_checked = tuple(self._reading()) if self._reading is not None else None
+        self._keras_rows = self._static_rows(self._keras_checked)
+        self._keras_dataset_made = True
+        return self._keras_dataset(self._keras_rows)
+
+    def _keras_dataset(self, rows: int | None) -> Any:
+        """Keras's own dataset: the minibatches of the epoch each of its iterators begins in, ``rows`` in each if
+        not None."""
         # tf.data takes tuples, not lists, as nested structure (as Keras's own array adapter, lists become tuples).
         if self._rows is not None:
-            return self._tf_gathered_dataset()
-        return self._tf_generator_dataset(lambda: self._epoch_batches(keras.tree.lists_to_tuples))
+            return self._tf_gathered_dataset(rows)
+        return self._tf_generator_dataset(lambda: self._epoch_batches(keras.tree.lists_to_tuples), rows)
 
     def _epoch_batches(self, convert: Callable[[Any], Any]) -> Iterator[Any]:
         """The epoch's minibatches through ``convert``, as the step is handed them: padded, with ``pad`` (no
@@ -221,8 +303,9 @@ class StreamAdapter(_backend.DataAdapter):
         batches = self._batches(convert)  # the plan is read when the first minibatch is
         yield from self._padded(self.plan, batches, self._plan_minibatches)
 
-    def _tf_generator_dataset(self, batches: Callable[[], Iterator[Any]]) -> Any:
-        """A ``tf.data`` dataset of the minibatches ``batches()`` yields (as tuples: ``tf.data``'s structure)."""
+    def _tf_generator_dataset(self, batches: Callable[[], Iterator[Any]], rows: int | None = None) -> Any:
+        """A ``tf.data`` dataset of the minibatches ``batches()`` yields (as tuples: ``tf.data``'s structure), of
+        ``rows`` rows each if not None (the static batch dimension; ``tf.data`` refuses a minibatch of another size)."""
         import tensorflow as tf
 
         if self._signature is None:
@@ -232,14 +315,20 @@ class StreamAdapter(_backend.DataAdapter):
                 sample = self._pad.batch(sample, size)
             self._signature = keras.tree.map_structure(
                 lambda a: tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), sample)
-        return tf.data.Dataset.from_generator(batches, output_signature=self._signature)
+        signature = self._signature
+        if rows is not None:
+            signature = tf.nest.map_structure(lambda spec: tf.TensorSpec((rows, *spec.shape[1:]), spec.dtype),
+                                              signature)
+        return tf.data.Dataset.from_generator(batches, output_signature=signature)
 
-    def _tf_gathered_dataset(self) -> Any:
+    def _tf_gathered_dataset(self, rows: int | None = None) -> Any:
         """One epoch's minibatches gathered by ``tf.data`` from the data in memory: the plan's row indices are read
-        once (one Python call, when the iterator starts), the rows of every minibatch by ``tf.gather``."""
+        once (one Python call, when the iterator starts), the rows of every minibatch by ``tf.gather`` (``rows``
+        each, the static batch dimension, if not None)."""
         return _epochs_ahead.gathered_dataset(
             self._data_tensors(), self._rows[1], lambda index: self.plan if index == 0 else [],
-            None if self._pad is None else lambda index, plan: self._pad.rows(plan, self._plan_minibatches))
+            None if self._pad is None else lambda index, plan: self._pad.rows(plan, self._plan_minibatches),
+            static_rows=rows)
 
     def _data_tensors(self) -> Any:
         """The training data in memory as tensors, converted once."""

@@ -36,6 +36,8 @@ import numpy as np
 
 PlanAt = Callable[[int, int], list]
 
+#: The most epochs :func:`constant_size` looks ahead for the end of the ``fit`` call.
+_GALLOP_LIMIT = 1 << 62
 #: How long an epoch begin waits for the pipeline to have read the epoch's plan ahead before it starts anew.
 WAIT_SECONDS = 10.0
 
@@ -121,7 +123,7 @@ class EpochChain:
 
 
 def gathered_dataset(tensors: Any, rows: Callable[[int, int], np.ndarray], plan_of: Callable[[int], list],
-                     padded_rows: Callable[[int, list], list[int]] | None = None) -> Any:
+                     padded_rows: Callable[[int, list], list[int]] | None = None, static_rows: int | None = None) -> Any:
     """A ``tf.data`` dataset of minibatches gathered from ``tensors`` (the data in memory, as tensors: ``(x, y)`` or
     ``(x, y, sample_weight)``): epoch after epoch, the plan ``plan_of(index)`` of each (one Python call per epoch),
     the rows ``rows(start, size)`` of each of its minibatches gathered by ``tf.gather``; it ends at the first empty
@@ -129,7 +131,12 @@ def gathered_dataset(tensors: Any, rows: Callable[[int, int], np.ndarray], plan_
 
     With ``padded_rows``, ``padded_rows(index, plan)`` gives the rows each minibatch of the plan is padded to:
     each is then ``(x, y, sample_weight, mask)`` as ``kfit.training._padding.pad_batch`` pads a host batch (copies
-    of its last row, sample weight 0 on them, 1 where there is none; ``mask`` 1 on the real rows)."""
+    of its last row, sample weight 0 on them, 1 where there is none; ``mask`` 1 on the real rows).
+
+    With ``static_rows``, every minibatch the dataset yields has that many rows (:func:`constant_size`): it is the
+    static batch dimension of the dataset's elements, as Keras's own array adapter declares it when no epoch ends in
+    a partial batch (TensorFlow traces the train step for that shape; a minibatch of another size would be refused
+    by ``tf.ensure_shape``). Else the batch dimension is unknown."""
     import keras
     import tensorflow as tf
 
@@ -149,10 +156,15 @@ def gathered_dataset(tensors: Any, rows: Callable[[int, int], np.ndarray], plan_
             array.set_shape([None])
         return tuple(arrays)
 
+    def static(batch: Any) -> Any:
+        if static_rows is None:
+            return batch
+        return tf.nest.map_structure(lambda t: tf.ensure_shape(t, [static_rows, *t.shape[1:]]), batch)
+
     def minibatch(flat: Any, start: Any, size: Any, real: Any) -> Any:
         batch = tf.nest.map_structure(lambda t: tf.gather(t, flat[start:start + size]), tensors)
         if padded_rows is None:
-            return batch
+            return static(batch)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         mask = tf.sequence_mask(real, size, dtype=tf.float32)
 
@@ -160,7 +172,7 @@ def gathered_dataset(tensors: Any, rows: Callable[[int, int], np.ndarray], plan_
             return w * tf.reshape(tf.cast(mask, w.dtype), tf.concat([[-1], tf.ones([tf.rank(w) - 1], tf.int32)], 0))
 
         sample_weight = mask if sample_weight is None else tf.nest.map_structure(weight, sample_weight)
-        return x, y, sample_weight, mask
+        return static((x, y, sample_weight, mask))
 
     def epoch(flat: Any, sizes: Any, reals: Any) -> Any:
         starts = tf.cumsum(sizes, exclusive=True)
@@ -170,3 +182,59 @@ def gathered_dataset(tensors: Any, rows: Callable[[int, int], np.ndarray], plan_
     epochs = tf.data.Dataset.range(np.iinfo(np.int64).max).map(read_epoch)
     return epochs.take_while(lambda flat, sizes, reals: tf.size(sizes) > 0).flat_map(epoch).prefetch(tf.data.AUTOTUNE)
 
+
+
+def constant_size(plan_at: PlanAt, reading: tuple[int, int], plan: list) -> int | None:
+    """The size of every minibatch from clock ``reading`` to the end of the ``fit`` call when they all have one
+    (the minibatch size: no epoch end, nor the end of the call, cuts one short), else None.
+
+    For a fixed minibatch size: ``plan_at``'s sizes then depend on the samples alone, every epoch after the one
+    ``reading`` is in is cut into the same minibatches (but the one the call ends in), and a few plans tell: ``plan``
+    (the plan of the epoch beginning at ``reading``), the next epoch's (whole, unless the call ends in it), the last
+    minibatch of later epochs, galloping, to find the epoch the call ends in, and that epoch's plan.
+
+    Example:
+        >>> from kfit.training import _plan
+        >>> def plan_at(epoch_size, stop_at):
+        ...     return lambda samples, minibatches: list(_plan.plan(samples, minibatches, lambda s, m: 16, epoch_size,
+        ...         min((samples // epoch_size + 1) * epoch_size, stop_at)))
+        >>> constant_size(plan_at(192, 5 * 192), (0, 0), plan_at(192, 5 * 192)(0, 0))
+        16
+        >>> constant_size(plan_at(200, 5 * 200), (0, 0), plan_at(200, 5 * 200)(0, 0)) is None  # 200 % 16 == 8
+        True
+    """
+    if not plan:
+        return None
+    size = plan[0][1]
+
+    def uniform(minibatches: list) -> bool:
+        return all(s == size for _, s in minibatches)
+
+    if not uniform(plan):
+        return None
+    start = plan[-1][0] + plan[-1][1]  # where the next epoch begins (if the call goes on: an epoch boundary)
+    minibatches = reading[1] + len(plan)
+    following = plan_at(start, minibatches)
+    if not uniform(following):
+        return None
+    if not following:
+        return size
+    # The samples and minibatches of a whole epoch (if the call ends in ``following``, no epoch comes after it).
+    epoch, count = following[-1][0] + following[-1][1] - start, len(following)
+
+    def whole(j: int) -> bool:
+        """Whether the ``j``-th epoch from ``start`` (0: ``following``) runs to its end: its last minibatch is whole."""
+        last = start + (j + 1) * epoch - size
+        return plan_at(last, minibatches + (j + 1) * count - 1) == [(last, size)]
+
+    done, open_ = 0, 1  # epoch ``done`` is whole, epoch ``open_`` is not: gallop, then bisect
+    while whole(open_):
+        if open_ > _GALLOP_LIMIT:
+            return None  # no end in sight
+        done, open_ = open_, 2 * open_
+    while open_ - done > 1:
+        middle = (done + open_) // 2
+        done, open_ = (middle, open_) if whole(middle) else (done, middle)
+    # Epochs up to ``done`` are whole, each of ``count`` minibatches of ``size``; the call ends in epoch ``open_``
+    # (or where it begins, and its plan is empty).
+    return size if uniform(plan_at(start + open_ * epoch, minibatches + open_ * count)) else None

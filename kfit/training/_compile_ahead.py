@@ -6,8 +6,9 @@ kfit's plan is a function of the clock, so the sizes of the next epoch are known
 :class:`CompileAhead` lowers and compiles Keras's own jitted step for them (``jit(train_step).lower(...).compile()``)
 while the current sizes train. When training reaches a new size its step is already compiled.
 
-On TensorFlow and PyTorch nothing is compiled ahead. TensorFlow needs no more than one trace: kfit's ``tf.data``
-pipeline leaves the batch dimension unknown, so the step traced for the first minibatch serves every size (with
+On TensorFlow and PyTorch nothing is compiled ahead. TensorFlow needs no more than one trace: where the sizes differ (a
+schedule, a remainder), kfit's ``tf.data`` pipeline leaves the batch dimension unknown (static where every
+minibatch has one size, as Keras's own adapter declares it), so the step traced first serves every size (with
 ``jit_compile=True``, XLA still compiles each new shape on its first step: ``pad_remainders=True`` keeps the
 epoch-end remainders from adding shapes). PyTorch's step is not compiled
 (``jit_compile=True`` there compiles lazily, per shape).

@@ -25,7 +25,7 @@ data-parallel training, and on TensorFlow data without targets (``tf.data`` cann
 ``y``). The batches are padded as kfit's data adapter reads them (:class:`Padding`; on TensorFlow over data in memory,
 by ``tf.data`` itself: ``kfit.data._epochs_ahead.gathered_dataset``). On PyTorch, and on TensorFlow without XLA,
 nothing is padded: a new size adds no compiled shape there (kfit's ``tf.data`` pipeline leaves the batch dimension
-unknown; PyTorch's step is not compiled).
+unknown where the sizes differ; PyTorch's step is not compiled).
 
 Example:
     >>> import numpy as np
