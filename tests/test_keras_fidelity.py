@@ -619,3 +619,21 @@ def test_keras_csv_logger_file_of_a_resumed_run_is_the_uninterrupted_runs(tmp_pa
     expected = (tmp_path / "uninterrupted.csv").read_text()
     assert [row.split(",")[0] for row in expected.splitlines()] == ["epoch", "0", "1", "2"]
     assert csv.read_text() == expected
+
+
+def test_a_minibatch_size_schedule_on_a_stateful_layer_is_refused_before_training():
+    """A stateful RNN keeps a state per row of its fixed batch size: JAX and PyTorch failed with Keras's error at
+    the first step of another size (after training up to it), TensorFlow with an error that did not say why."""
+    x = np.random.default_rng(0).normal(size=(64, 3, 2)).astype("float32")
+    y = np.zeros((64, 1), "float32")
+    inputs = keras.Input((3, 2), batch_size=16)
+    model = compiled(keras.Model(inputs, keras.layers.Dense(1)(keras.layers.SimpleRNN(4, stateful=True)(inputs))))
+    before = weights(model)
+    with pytest.raises(ValueError, match="A minibatch-size schedule cannot train the stateful layer 'simple_rnn.*'"):
+        kfit.fit(model, x, y, minibatch_size=kfit.schedules.minibatch_size([16, 32], epoch_size=64), epochs=2,
+                 seed=0, verbose=0)
+    for a, b in zip(before, weights(model)):
+        np.testing.assert_array_equal(a, b)
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 0
+    kfit.fit(model, x, y, minibatch_size=16, epochs=1, seed=0, verbose=0)  # its own batch size trains
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 4

@@ -686,6 +686,8 @@ class _StreamFit:
             if self.distributed:
                 distributed.prepare_model(model)
             _backend.build(model, first)
+            if self.source is None and self.fixed_size is None:
+                _refuse_stateful_layers(model)
             if self.pads:
                 _padding.check(model)
                 self.unpad = _padding.install(model)
@@ -720,6 +722,26 @@ class _StreamFit:
             _backend.set_initial_epoch(model, None)
         self.history.epoch_summaries = self.summaries.summaries
         return self.history
+
+
+def _refuse_stateful_layers(model: Any) -> None:
+    """A minibatch-size schedule cannot feed a stateful layer (a recurrent layer with ``stateful=True`` keeps a state
+    for each row of a fixed batch size): refused before training, on every backend (TensorFlow's own error comes
+    at the first step of another size, and does not say why)."""
+    todo, seen = list(getattr(model, "layers", [])), set()
+    while todo:
+        layer = todo.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        if getattr(layer, "stateful", False) is True:
+            raise ValueError(
+                f"A minibatch-size schedule cannot train the stateful layer {layer.name!r}: it keeps a state for each "
+                "row of a fixed batch size. Give a fixed `minibatch_size` (that batch size), or make the layer "
+                "stateful=False.")
+        todo += list(getattr(layer, "layers", None) or [])
+        todo += [inner for inner in (getattr(layer, "forward_layer", None), getattr(layer, "layer", None))
+                 if isinstance(inner, keras.layers.Layer)]
 
 
 def _unless_cut_short(show: Callable[..., None], source: SourceAdapter) -> Callable[..., None]:
