@@ -101,9 +101,10 @@ class Checkpoint(KfitCallback):
     A checkpoint is taken when the clock crosses a multiple of ``frequency`` samples (when that step ends an
     epoch, at the epoch's end, after its history and validation), or every ``epochs`` epochs, and once at
     the end of training. With neither given, once per epoch. When training stops in the middle of an epoch
-    (``max_samples``, ``stop_training``), the final checkpoint is the state after the last step, before the
-    partial epoch is closed, so that a run resumed from it (say with a larger ``max_samples``) goes on as one
-    that never stopped. With ``async_write`` the state is copied to host memory on the training thread and
+    (``max_samples``, ``stop_training``), the final checkpoint is the state after the last step, with the partial
+    epoch in its history as ``model.fit`` records it, so that a rerun returns that history and a run resumed from
+    it (say with a larger ``max_samples``) goes on as one that never stopped (a ``max_samples`` inside a minibatch
+    cut that minibatch short: the run goes on from the shorter one it trained). With ``async_write`` the state is copied to host memory on the training thread and
     written on a background thread; the last write is finished before ``fit`` returns (and before the
     process exits).
 
