@@ -573,6 +573,18 @@ def set_csv_logger_state(callback: Any, state: dict[str, Any]) -> None:
     callback.append_header = not contents
 
 
+def after_evaluate_in_fit(model: Any) -> None:
+    """After a ``model.evaluate`` made inside ``fit`` (kfit's ``CrossValidation`` and ``Test``): Keras 3.10's JAX
+    ``evaluate`` clears the training state's sharding specs (``_clear_jax_state_sharding``) that ``fit``'s train
+    step reads when it is traced again (a new minibatch size, the state's arrays replaced): they are recorded
+    again. Keras internals (``_trainable_variable_shardings``, ``_record_training_state_sharding_spec``), checked
+    against Keras 3.10-3.15 (Keras 3.15 keeps no such specs: nothing to do)."""
+    if BACKEND != "jax" or not hasattr(model, "_record_training_state_sharding_spec"):
+        return
+    if getattr(model, "_trainable_variable_shardings", ()) is None:
+        model._record_training_state_sharding_spec()
+
+
 def initial_epoch(model: Any) -> int | None:
     """What :func:`set_initial_epoch` set (None: nothing)."""
     return getattr(model, "_initial_epoch", None)

@@ -26,11 +26,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" !
   echo "$keras_min" >"$stamp"
 fi
 "$venv/bin/python" -c "import keras; print('Oldest Keras:', keras.__version__)"
-# The core (what CI runs, about 3.5 minutes per backend): numerics, the stream, kill-and-resume (arrays and a
-# source), and the paths that lean on Keras's internals most: pad_remainders and the native engines (torchrun).
+# The core (what CI runs, about 4 minutes per backend): numerics, the stream, kill-and-resume (arrays and a
+# source), and the paths that lean on Keras's internals most: pad_remainders, the native engines (torchrun),
+# evaluations inside fit (cross-validation) and the static batch dimension of kfit's tf.data.
 # KFIT_OLDEST_KERAS_TESTS=all adds the fit, checkpoint, schedule-callback and fidelity tests (about 5).
 core_files=(tests/test_optimizers.py tests/test_stream.py tests/test_checkpoint_resume.py tests/test_padding.py
-            tests/test_engines.py)
+            tests/test_engines.py tests/test_cross_validation.py tests/test_static_batch.py)
 if [ "${KFIT_OLDEST_KERAS_TESTS:-core}" = all ]; then
   core_files+=(tests/test_fit.py tests/test_checkpoint.py tests/test_hyperparameter_callbacks.py tests/test_keras_fidelity.py)
 fi

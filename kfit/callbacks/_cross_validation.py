@@ -15,7 +15,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from kfit import _checks
+from kfit import _backend, _checks
 from kfit.callbacks._base import KfitCallback
 from kfit.clock import Clock
 from kfit.data._stream import flatten, pack, to_host
@@ -342,6 +342,7 @@ def _keeping_training_state(model: Any, run: Callable[[], dict], combine: bool =
             variable.assign(value)
         if training is True and callable(getattr(model, "train", None)):
             model.train()
+        _backend.after_evaluate_in_fit(model)
     return {k: _scalar(v) for k, v in results.items()}
 
 
