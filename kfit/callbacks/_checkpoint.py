@@ -104,9 +104,9 @@ class Checkpoint(KfitCallback):
     (``max_samples``, ``stop_training``), the final checkpoint is the state after the last step, with the partial
     epoch in its history as ``model.fit`` records it, so that a rerun returns that history and a run resumed from
     it (say with a larger ``max_samples``) goes on as one that never stopped (a ``max_samples`` inside a minibatch
-    cut that minibatch short: the run goes on from the shorter one it trained). With ``async_write`` the state is copied to host memory on the training thread and
-    written on a background thread; the last write is finished before ``fit`` returns (and before the
-    process exits).
+    cut that minibatch short: the run goes on from the shorter one it trained). With ``async_write`` the state is
+    copied to host memory on the training thread and written on a background thread; the last write is finished
+    before ``fit`` returns (and before the process exits).
 
     Every checkpoint records where the run stands: ``running``, ``complete`` (it reached ``epochs`` or
     ``max_samples``) or ``stopped`` and by what (early stopping and its monitor, a cross-validation callback

@@ -98,12 +98,12 @@ def resume(run: Run, path: str, resume_finished: bool = False, params: dict | No
                       f"{file!r} (sample {info.samples}).", stacklevel=3)
     restored_epoch = start_epoch if start_epoch is not None else info.epoch
     finished = _run_status.resume_or_finish(run, info, restored_epoch, resume_finished, params)
-    if not finished:
-        _state.drop_partial_epoch(run, plan.history)
     if finished:
         start_epoch = loop.finished_epoch(run, params, restored_epoch)
         if start_epoch is not None:
             start_at_epoch(run, start_epoch)
+    else:
+        _state.drop_partial_epoch(run, plan.history)  # the epoch a stopped run ended in is trained to its end
     return Resumed(info, finished)
 
 
