@@ -363,6 +363,32 @@ def declare_epoch_steps(steps: int) -> None:
         owner._num_batches = max(int(steps), 1)
 
 
+def callback_list(callbacks: list, model: Any, verbose: Any, epochs: int, steps: int | None,
+                  batch_offset: Callable[[], int]) -> Any:
+    """The ``keras.callbacks.CallbackList`` that ``model.fit`` would make of ``callbacks`` (History and progress
+    bar added as it adds them, the same ``params``), which adds ``batch_offset()`` to the batch number of every
+    training batch hook: the steps of the current epoch that ran before this call, nonzero in the epoch a run
+    resumes in its middle (Keras numbers a call's steps from 0). ``model.fit`` takes a ``CallbackList`` as it is;
+    the arguments are those its trainers pass (``steps``: its ``EpochIterator``'s ``num_batches``, that is
+    ``steps_per_epoch`` or the adapter's). Checked against Keras 3.10-3.15."""
+    return _OffsetCallbackList(callbacks, batch_offset, add_history=True, add_progbar=verbose != 0, verbose=verbose,
+                               epochs=epochs, steps=steps, model=model)
+
+
+class _OffsetCallbackList(keras.callbacks.CallbackList):
+    """Keras's ``CallbackList``, with the training batch numbers of the uninterrupted run."""
+
+    def __init__(self, callbacks: list, batch_offset: Callable[[], int], **kwargs: Any):
+        super().__init__(callbacks, **kwargs)
+        self._batch_offset = batch_offset
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        super().on_train_batch_begin(batch + self._batch_offset(), logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        super().on_train_batch_end(batch + self._batch_offset(), logs)
+
+
 def steps_per_execution(model: Any) -> int:
     """The steps one call of the model's compiled train function runs (``compile(steps_per_execution=...)``)."""
     return max(int(getattr(model, "steps_per_execution", 1) or 1), 1)

@@ -94,6 +94,9 @@ class Run:
         epochs, max_samples: the bounds of the run (None when not given).
         driver: sets ``clock.minibatch_size`` before each step and counts the step after (:class:`StepDriver`).
         resumed_mid_epoch: set by a restore: the epoch's training-metric state was restored and continues.
+        batch_offset: under :func:`kfit.fit`, the steps of the current epoch that ran before this ``model.fit`` call
+            (nonzero in the epoch a run resumes in its middle): Keras numbers the steps of a call from 0, and kfit's
+            callback list adds it, so that every callback sees the batch numbers of the uninterrupted run.
         initial_epoch_set: a restore told ``model.fit`` the epoch to start from (undone when the run ends).
         restored_history_epochs: under plain ``model.fit``, the epochs of a restored history, for Keras's
             ``History``, which forgets them when training begins (set by ``ModelFitLoop.prepare_restore``, put
@@ -113,6 +116,7 @@ class Run:
     max_samples: int | None = None
     driver: Any = None
     resumed_mid_epoch: bool = False
+    batch_offset: int = 0
     initial_epoch_set: bool = False
     restored_history_epochs: list | None = None
     manual: bool = False

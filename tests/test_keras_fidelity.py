@@ -637,3 +637,76 @@ def test_a_minibatch_size_schedule_on_a_stateful_layer_is_refused_before_trainin
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 0
     kfit.fit(model, x, y, minibatch_size=16, epochs=1, seed=0, verbose=0)  # its own batch size trains
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 4
+
+
+class BatchNumbers(keras.callbacks.Callback):
+    """What a callback is told at each training batch: ``(hook, epoch, batch)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.epoch, self.seen = None, []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.seen.append(("begin", self.epoch, batch))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append(("end", self.epoch, batch))
+
+
+@pytest.mark.parametrize("data", ["arrays", "minibatch-size schedule", "tf.data", "tf.data of unknown length",
+                                  "tf.data read on across epochs"])
+def test_callbacks_see_the_uninterrupted_runs_batch_numbers_in_the_epoch_a_run_resumes_in(tmp_path, data):
+    """Keras numbers the steps of a ``fit`` call from 0: the epoch a run resumed in its middle numbered its steps
+    from 0 again, and Keras's ModelCheckpoint wrote its ``{batch}`` files under other names than the uninterrupted
+    run (and kfit's progress bar counted the resumed steps only). Now every callback sees the uninterrupted run's
+    numbers: data kfit cuts (arrays, a schedule), a source it skips ahead in, one read on across epochs."""
+    import tensorflow as tf
+
+    x, y = regression_data(64)
+    size: object = 8
+    arguments: dict = {"epochs": 3}
+    if data == "minibatch-size schedule":
+        size = kfit.schedules.minibatch_size([8, 16], epoch_size=64)  # epoch 1: 8 steps of 8, then 4 of 16
+    elif data == "tf.data":
+        x, y, size = tf.data.Dataset.from_tensor_slices((x, y)).batch(8), None, None
+    elif data == "tf.data of unknown length":  # (no cardinality: the batches' size tells the steps)
+        x, y, size = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).filter(lambda *_: True), None, None
+    elif data == "tf.data read on across epochs":
+        x, y, size = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat(), None, None
+        arguments["steps_per_epoch"] = 8
+    stop_at = 96 if data == "minibatch-size schedule" else 88  # inside the second epoch: after its 2nd (3rd) step
+
+    def train(folder, max_samples=None):
+        keras.utils.set_random_seed(2)
+        numbers = BatchNumbers()
+        saver = keras.callbacks.ModelCheckpoint(str(folder / "w-{epoch}-{batch}.weights.h5"), save_weights_only=True,
+                                                save_freq=3)
+        kfit.fit(compiled(mlp()), x, y, minibatch_size=size, seed=0, verbose=0, max_samples=max_samples,
+                 callbacks=[numbers, saver, kfit.callbacks.Checkpoint(folder / "run.ckpt")], **arguments)
+        return numbers.seen
+
+    reference = train(tmp_path / "once")
+    stopped = train(tmp_path / "twice", max_samples=stop_at)
+    resumed = train(tmp_path / "twice")
+
+    assert resumed[0] == ("begin", 1, 2 if data == "minibatch-size schedule" else 3)
+    assert stopped + resumed == reference
+    assert sorted(p.name for p in (tmp_path / "twice").glob("w-*")) == sorted(p.name for p in (tmp_path / "once").glob("w-*"))
+
+
+def test_the_progress_bar_of_the_epoch_a_run_resumes_in_counts_its_steps_from_the_epochs_start(tmp_path, capsys):
+    """The resumed epoch's bar ends at the epoch's step count (8/8), as in the uninterrupted run, not at the steps
+    this call ran (5/5)."""
+    x, y = regression_data(64)
+    path = tmp_path / "run.ckpt"
+    kfit.fit(compiled(mlp()), x, y, minibatch_size=8, epochs=2, seed=0, verbose=0, max_samples=88,
+             callbacks=[kfit.callbacks.Checkpoint(path)])
+    capsys.readouterr()
+    kfit.fit(compiled(mlp()), x, y, minibatch_size=8, epochs=2, seed=0, verbose=1,
+             callbacks=[kfit.callbacks.Checkpoint(path)])
+    shown = capsys.readouterr().out
+    assert "Epoch 2/2" in shown and "8/8" in shown
+    assert "5/5" not in shown

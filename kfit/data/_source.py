@@ -119,6 +119,7 @@ class SourceAdapter(_backend.DataAdapter):
         self._underlying: Iterator[Any] | None = None
         self._steps_at_open = 0
         self._skip = 0
+        self._first_size: int | None = None  # the rows of the first batch (:meth:`peek`)
         self._limit: int | None = None
         #: The pass being read began where a resumed run skipped to (its epoch is shorter than the source's).
         self._resumed_pass = False
@@ -168,6 +169,16 @@ class SourceAdapter(_backend.DataAdapter):
     @property
     def batch_size(self) -> int | None:
         return self.inner.batch_size
+
+    def steps_into_epoch(self, epoch: int, minibatches: int, samples_in_epoch: int) -> int:
+        """The steps that epoch ``epoch`` (a pass) had run when the clock read ``minibatches`` steps, for a source
+        read from its start at every epoch: from the passes' steps where the source knows them, else the batches of
+        its first batch's size that ``samples_in_epoch`` fill (only a pass's last batch is cut short); 0 where
+        neither tells."""
+        if self.inner.num_batches:
+            return min(max(minibatches - epoch * self.inner.num_batches, 0), self.inner.num_batches)
+        size = self.batch_size or self._first_size
+        return samples_in_epoch // size if size and samples_in_epoch % size == 0 else 0
 
     @property
     def has_partial_batch(self) -> bool:
@@ -424,12 +435,15 @@ class SourceAdapter(_backend.DataAdapter):
                 pipeline (drawing its next shuffle seed) that ``model.fit`` would not make.
         """
         if draws or not self._tf_data:
-            return next(iter(self.inner.get_numpy_iterator()))
-        iterator = iter(self.inner.get_tf_dataset())
-        state = _backend.tf_iterator_state(iterator) if self._saves_passes else None
-        first = next(iterator)
-        self._peeked = (itertools.chain([first], iterator), first, state)
-        return next(self._read_as(iter([first]), "get_numpy_iterator"))
+            first = next(iter(self.inner.get_numpy_iterator()))
+        else:
+            iterator = iter(self.inner.get_tf_dataset())
+            state = _backend.tf_iterator_state(iterator) if self._saves_passes else None
+            drawn = next(iterator)
+            self._peeked = (itertools.chain([drawn], iterator), drawn, state)
+            first = next(self._read_as(iter([drawn]), "get_numpy_iterator"))
+        self._first_size = batch_size_of(first)
+        return first
 
     def first_batch(self) -> Any:
         """The source's first batch as this backend's loop reads it (Keras's conversion: sparse inputs become

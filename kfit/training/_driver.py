@@ -1,7 +1,8 @@
 """The clock under ``kfit.fit``: each Keras step is a minibatch of kfit's plan.
 
 ``kfit.fit`` runs ``model.fit`` on a :class:`kfit.data.StreamAdapter`; Keras numbers the steps of each
-epoch from 0, and step ``k`` trains the ``k``-th minibatch of the epoch's plan. So the driver knows the
+epoch from 0 (kfit's callback list adds the steps a resumed epoch had run before: ``Run.batch_offset``), and
+step ``k`` of the call trains the ``k``-th minibatch of the epoch's plan. So the driver knows the
 size of every step before it runs, and counts it once it has run, whichever kfit callback reaches the
 hook first (as :class:`kfit.callbacks.SampleClock` does under plain ``model.fit``).
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kfit import _backend
-from kfit._run import StepDriver
+from kfit._run import Run, StepDriver
 from kfit.clock import Clock
 
 
@@ -21,17 +22,19 @@ class PlanDriver(StepDriver):
     Args:
         model: the model being trained.
         adapter: the :class:`kfit.data.StreamAdapter` that feeds ``model.fit``; its ``plan`` is the epoch's.
+        run: the run (its ``batch_offset``: the batch number of the plan's first minibatch).
     """
 
     plans_sizes = True
 
-    def __init__(self, model: Any, adapter: Any):
+    def __init__(self, model: Any, adapter: Any, run: Run):
         super().__init__(model)
         self.adapter = adapter
+        self.run = run
 
     def sizes(self, clock: Clock, batch: int) -> list[int] | None:
-        steps_per_execution = _backend.steps_per_execution(self.model)
-        steps = self.adapter.plan[batch:batch + steps_per_execution]
+        step = batch - self.run.batch_offset
+        steps = self.adapter.plan[step:step + _backend.steps_per_execution(self.model)]
         if not steps:
             _backend.before_empty_step(self.model)
             return None

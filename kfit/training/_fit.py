@@ -321,10 +321,8 @@ class _RunControl(keras.callbacks.Callback):
         if started_at and clock.samples == 0 and fit.source is None:
             # Another callback (Keras's BackupAndRestore) restored an epoch number, as under model.fit: the
             # fit goes on from that epoch's first minibatch.
-            samples, minibatches = 0, 0
-            for _start, size in _plan.plan(0, 0, fit.size_at, fit.epoch_size, started_at * fit.epoch_size):
-                samples, minibatches = samples + size, minibatches + 1
-            clock.samples, clock.minibatches = samples, minibatches
+            clock.samples = started_at * fit.epoch_size
+            clock.minibatches = _plan.minibatches_before(clock.samples, fit.size_at, fit.epoch_size)
         if fit.distributed:
             from kfit import distributed
 
@@ -362,6 +360,8 @@ class _RunControl(keras.callbacks.Callback):
             mid_epoch = clock.samples_in_epoch > 0
         _backend.set_initial_epoch(fit.model, epoch)
         skip = source.resume(clock.samples_in_epoch, clock.samples, steps_in_epoch)
+        if mid_epoch:
+            fit.run.batch_offset = steps_in_epoch or source.steps_into_epoch(epoch, clock.minibatches, clock.samples_in_epoch)
         if source.reopens:  # (epochs counted from 1, as in the resume line)
             print(f"kfit: resuming at sample {clock.samples}: the {source.state_kind} source restarts epoch {epoch + 1} "
                   f"from {source.saved_state}, saved in the checkpoint, and the first {skip} samples it yields are "
@@ -373,11 +373,12 @@ class _RunControl(keras.callbacks.Callback):
         return mid_epoch
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        ahead = self.fit.run.compile_ahead
-        if ahead is not None and ahead.active and batch < len(self.fit.epoch_step_rows):
-            ahead.before_step(self.fit.epoch_step_rows[batch])  # one thread traces the step at a time
+        ahead, step = self.fit.run.compile_ahead, batch - self.fit.run.batch_offset  # (the step of this call)
+        if ahead is not None and ahead.active and 0 <= step < len(self.fit.epoch_step_rows):
+            ahead.before_step(self.fit.epoch_step_rows[step])  # one thread traces the step at a time
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.fit.run.batch_offset = 0  # the next epoch's steps are all this call's
         if self.fit.run.compile_ahead is not None:
             self.fit.run.compile_ahead.after_steps()
         clock = self.fit.clock
@@ -491,7 +492,7 @@ class _StreamFit:
         else:
             validation_data = self._init_stream(x, y, sample_weight, validation_data, o)
             start = o.initial_epoch * self.epoch_size  # initial_epoch: the clock starts as if those epochs had run
-            minibatches = sum(1 for _ in _plan.plan(0, 0, self.size_at, self.epoch_size, start))
+            minibatches = _plan.minibatches_before(start, self.size_at, self.epoch_size)
             self.run.clock = Clock(samples=start, minibatches=minibatches, epoch_size=self.epoch_size)
         self.run.stream = self.stream if self.source is None else self.source
         self.validation_data = validation_data
@@ -604,8 +605,11 @@ class _StreamFit:
         self.run.flush()
         plan = self.plan_at(clock.samples, clock.minibatches)
         end = min(clock.epoch_end(), self.stop_at)
+        if clock.samples_in_epoch:  # the epoch a run resumes in: its first steps ran before this call
+            first = _plan.minibatches_before(clock.samples - clock.samples_in_epoch, self.size_at, self.epoch_size)
+            self.run.batch_offset = max(clock.minibatches - first, 0)
         if self.progbar is not None:
-            self.progbar.plan_epoch([size for _, size in plan])
+            self.progbar.plan_epoch([size for _, size in plan], done=self.run.batch_offset)
         self.epoch_step_rows = self.step_rows(plan, clock.minibatches)
         ahead = self.run.compile_ahead
         if ahead is not None and ahead.active and plan:
@@ -661,7 +665,7 @@ class _StreamFit:
                              "pad_remainders=True.")
         first = pack_batch(x, y, sample_weight)
         self.first_host = _padding.pad_batch(first, rows) if self.pads else first
-        return adapter, PlanDriver(self.model, adapter), _backend.to_tensors(first), self.fixed_size or first_size
+        return adapter, PlanDriver(self.model, adapter, self.run), _backend.to_tensors(first), self.fixed_size or first_size
 
     def train(self) -> keras.callbacks.History:
         from kfit import distributed
@@ -703,12 +707,15 @@ class _StreamFit:
                     warnings.filterwarnings("ignore", message="Your input ran out of data")
                 else:
                     warnings.showwarning = _unless_cut_short(warnings.showwarning, self.source)
+                steps_per_epoch = self.source.steps_per_epoch if self.source is not None else None
+                callbacks = _backend.callback_list(callbacks, model, self.keras_verbose, self.num_epochs,
+                                                   steps_per_epoch or adapter.num_batches,
+                                                   lambda: self.run.batch_offset)
                 model.fit(
                     adapter, epochs=self.num_epochs, verbose=self.keras_verbose, callbacks=callbacks,
                     validation_data=validation_data, validation_steps=self.options.validation_steps,
                     validation_batch_size=self.options.validation_batch_size or validation_size,
-                    validation_freq=self.options.validation_freq, initial_epoch=0,
-                    steps_per_epoch=self.source.steps_per_epoch if self.source is not None else None,
+                    validation_freq=self.options.validation_freq, initial_epoch=0, steps_per_epoch=steps_per_epoch,
                 )
         finally:
             if self.run.compile_ahead is not None:

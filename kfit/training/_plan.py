@@ -32,3 +32,8 @@ def plan(samples: int, minibatches: int, size_at: SizeFunction, epoch_size: int,
         yield samples, size
         samples += size
         minibatches += 1
+
+
+def minibatches_before(samples: int, size_at: SizeFunction, epoch_size: int) -> int:
+    """The minibatches the plan draws from the start of training up to ``samples`` (an epoch boundary)."""
+    return sum(1 for _ in plan(0, 0, size_at, epoch_size, samples))

@@ -26,12 +26,15 @@ class ProgressBar(keras.callbacks.ProgbarLogger):
     def __init__(self) -> None:
         super().__init__()
         self._cumulative: list[int] = []
+        self._done = 0
         self._started = 0.0
 
-    def plan_epoch(self, sizes: list[int]) -> None:
-        """Called with the epoch's minibatch sizes before its first step."""
+    def plan_epoch(self, sizes: list[int], done: int = 0) -> None:
+        """Called before the epoch's first step with the sizes of the minibatches this ``model.fit`` call trains in
+        it, after the ``done`` steps of the epoch a run resumes in (the bar counts them, its rate does not)."""
         self._cumulative = list(itertools.accumulate(sizes))
-        self.target = len(sizes)
+        self._done = done
+        self.target = done + len(sizes)
         if self.progbar is not None:
             self.progbar.target = self.target
 
@@ -40,8 +43,9 @@ class ProgressBar(keras.callbacks.ProgbarLogger):
         _backend.average_in_progbar(self.progbar, SAMPLES_PER_SECOND)
         self._started = time.perf_counter()
 
-    def _with_rate(self, steps: int, logs: dict | None) -> dict[str, Any]:
-        logs = dict(logs or {})
+    def _with_rate(self, batches: int, logs: dict | None) -> dict[str, Any]:
+        """``logs`` with the samples per second of the epoch's first ``batches`` batches (counting its ``done``)."""
+        logs, steps = dict(logs or {}), batches - self._done
         seconds = time.perf_counter() - self._started
         if self._cumulative and steps > 0 and seconds > 0:
             logs[SAMPLES_PER_SECOND] = self._cumulative[min(steps, len(self._cumulative)) - 1] / seconds
