@@ -522,6 +522,7 @@ def test_zero_epochs_train_nothing_as_in_model_fit(loop, tmp_path):
     extra = {} if loop == "model.fit" else {"seed": 0, "callbacks": [kfit.callbacks.Checkpoint(tmp_path / "c.ckpt")]}
     history = kfit.fit(model, x, y, batch_size=8, epochs=0, verbose=0, **extra)
     assert history.history == {} and history.epoch == []
+    assert history.params == {"verbose": 0, "epochs": 0, "steps": 8}  # (kfit's loop told 1 step)
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 0
     for a, b in zip(before, weights(model)):
         np.testing.assert_array_equal(a, b)
@@ -710,3 +711,48 @@ def test_the_progress_bar_of_the_epoch_a_run_resumes_in_counts_its_steps_from_th
     shown = capsys.readouterr().out
     assert "Epoch 2/2" in shown and "8/8" in shown
     assert "5/5" not in shown
+
+
+class StopAtTrainBegin(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.model.stop_training = True
+
+
+def test_a_callback_that_stops_training_in_on_train_begin_lets_one_step_run_as_in_model_fit():
+    """``model.fit`` checks ``stop_training`` after each step: one step runs, and the History has its epoch. kfit's
+    loop took the flag for a finished run and trained nothing."""
+    x, y = regression_data(64)
+    keras.utils.set_random_seed(1)
+    plain = compiled(mlp())
+    keras.utils.set_random_seed(1)
+    looped = compiled(mlp())
+    expected = plain.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0, callbacks=[StopAtTrainBegin()])
+    history = kfit.fit(looped, x, y, batch_size=8, epochs=3, shuffle=False, seed=0, verbose=0,
+                       callbacks=[StopAtTrainBegin()])
+    assert int(keras.ops.convert_to_numpy(looped.optimizer.iterations)) == 1
+    assert history.epoch == expected.epoch == [0]
+    assert history.history.keys() == expected.history.keys()
+    assert history.history["loss"] == pytest.approx(expected.history["loss"])
+    assert_same_weights(plain, looped)
+
+
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+def test_a_history_passed_in_callbacks_is_the_history_returned_as_in_model_fit(loop, tmp_path):
+    """Keras returns the ``History`` its user passed, and makes it ``model.history``; kfit returned its own. It holds
+    the run's record: after a resume, the restored epochs too."""
+    x, y = regression_data(64)
+    extra = {} if loop == "model.fit" else {"seed": 0}
+    mine = keras.callbacks.History()
+    model = compiled(mlp())
+    history = kfit.fit(model, x, y, batch_size=8, epochs=2, verbose=0, callbacks=[mine], **extra)
+    assert history is mine and model.history is mine
+    assert mine.epoch == [0, 1] and mine.params == {"verbose": 0, "epochs": 2, "steps": 8}
+    assert len(mine.history["loss"]) == 2 and [s.epoch for s in mine.epoch_summaries] == [0, 1]
+    if loop == "kfit.fit":
+        path = tmp_path / "run.ckpt"
+        kfit.fit(compiled(mlp()), x, y, batch_size=8, epochs=3, verbose=0, max_samples=64 * 2,
+                 callbacks=[kfit.callbacks.Checkpoint(path)], **extra)
+        resumed = keras.callbacks.History()
+        full = kfit.fit(compiled(mlp()), x, y, batch_size=8, epochs=3, verbose=0,
+                        callbacks=[resumed, kfit.callbacks.Checkpoint(path)], **extra)
+        assert full is resumed and resumed.epoch == [0, 1, 2] and len(resumed.history["loss"]) == 3

@@ -44,10 +44,15 @@ class Resumed:
     finished: bool
 
 
-def restore_run(run: Run) -> None:
+def restore_run(run: Run) -> bool:
     """The restore step of ``run``'s loop: every checkpointing callback of the run with ``restore=True`` resumes
     from its path's newest intact checkpoint (if there is one), and holds what it restored in ``restored_from`` and
-    ``finished_before``. A restore that fails ends that callback's hold on its path and raises."""
+    ``finished_before``. A restore that fails ends that callback's hold on its path and raises.
+
+    Returns:
+        True when a restored run had finished (complete, or stopped by a callback): this run trains nothing.
+    """
+    finished = False
     for callback in run.callbacks:
         if not getattr(callback, "writes_checkpoints", False) or not callback.restore:
             continue
@@ -59,6 +64,8 @@ def restore_run(run: Run) -> None:
             raise
         if resumed is not None:
             callback.restored_from, callback.finished_before = resumed.info, resumed.finished
+            finished = finished or resumed.finished
+    return finished
 
 
 def resume(run: Run, path: str, resume_finished: bool = False, params: dict | None = None) -> Resumed | None:

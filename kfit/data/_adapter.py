@@ -363,9 +363,10 @@ class _Iterable:
 
 def declared_batches(size_at: Callable[[int, int], int], fixed_size: int | None, samples: int, minibatches: int,
                      epoch_size: int, stop_at: int, plan: Callable[..., Iterator[tuple[int, int]]]) -> int:
-    """How many minibatches to tell Keras an epoch holds: exact for a fixed size, else the longest epoch."""
+    """How many minibatches to tell Keras an epoch holds: exact for a fixed size, else the longest epoch (with
+    nothing to train, ``epochs=0``: an epoch's, as ``model.fit`` tells its callbacks)."""
     if fixed_size is not None:
-        return max(1, math.ceil(min(epoch_size, stop_at) / fixed_size))
+        return max(1, math.ceil((min(epoch_size, stop_at) if stop_at else epoch_size) / fixed_size))
     longest, current, epoch = 0, 0, None
     for walked, (start, _size) in enumerate(plan(samples, minibatches, size_at, epoch_size, stop_at)):
         if walked >= _PLAN_WALK_LIMIT:

@@ -281,8 +281,22 @@ def _fit_with_model_fit(model: Any, x: Any, y: Any, sample_weight: Any, validati
         )
     finally:
         _run.end(run)
+    return _returned_history(model, callbacks, history, summaries)
+
+
+def _returned_history(model: Any, callbacks: list, history: RunHistory, summaries: EpochSummaries) -> Any:
+    """What ``fit`` returns and leaves as ``model.history``: as under ``model.fit``, a ``History`` the user passed
+    (the last, as Keras picks it), here holding the run's record (a checkpoint's restored epochs too), else the
+    run's own; with the run's ``epoch_summaries``."""
     history.epoch_summaries = summaries.summaries
-    return history
+    users = [c for c in callbacks if isinstance(c, keras.callbacks.History) and not isinstance(c, RunHistory)]
+    if not users:
+        return history
+    mine = users[-1]
+    mine.epoch, mine.history = list(history.epoch), {key: list(values) for key, values in history.history.items()}
+    mine.params, mine.epoch_summaries = history.params, history.epoch_summaries
+    model.history = mine
+    return mine
 
 
 class RunHistory(keras.callbacks.History):
@@ -316,7 +330,7 @@ class _RunControl(keras.callbacks.Callback):
         fit.release_writes = _backend.hold_writes(model)
         if fit.source is None and not fit.distributed:
             fit.run.compile_ahead = CompileAhead(model, fit.first_host)
-        _restore.restore_run(fit.run)  # restoring is a step of the loop: after every on_train_begin
+        finished = _restore.restore_run(fit.run)  # restoring is a step of the loop: after every on_train_begin
         started_at = _backend.initial_epoch(model)
         if started_at and clock.samples == 0 and fit.source is None:
             # Another callback (Keras's BackupAndRestore) restored an epoch number, as under model.fit: the
@@ -329,8 +343,12 @@ class _RunControl(keras.callbacks.Callback):
             distributed.broadcast_training_state(model)
         if fit.stream is not None:
             fit.stream.position = clock.samples
-        if clock.samples >= fit.stop_at or model.stop_training:
-            _backend.set_initial_epoch(model, fit.num_epochs)  # nothing left to train
+        # Nothing left to train: the bounds are reached, a restored run had finished, or one of kfit's controllers
+        # holds a stop (restored by hand). Any other callback's stop_training set in its on_train_begin lets one step
+        # run, as under model.fit, which checks it after each step.
+        held = any(isinstance(c, KfitCallback) and getattr(c, "stopped", False) for c in fit.callbacks)
+        if clock.samples >= fit.stop_at or finished or held:
+            _backend.set_initial_epoch(model, fit.num_epochs)
             return
         if fit.source is not None:
             mid_epoch = self._resume_source(fit)
@@ -727,8 +745,7 @@ class _StreamFit:
                 adapter.close()
             _run.end(self.run)
             _backend.set_initial_epoch(model, None)
-        self.history.epoch_summaries = self.summaries.summaries
-        return self.history
+        return _returned_history(model, self.callbacks, self.history, self.summaries)
 
 
 def _refuse_stateful_layers(model: Any) -> None:
