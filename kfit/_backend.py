@@ -88,7 +88,17 @@ def hold_writes(model: Any) -> Callable[[], None]:
                 groups[group][index] = jnp.asarray(value, dtype=groups[group][index].dtype)
             writes.clear()
             state = tuple(groups)
-        return original(state, iterator)
+        try:
+            return original(state, iterator)
+        except BaseException:
+            if getattr(model, "_jax_state", None) is None:
+                # The run's first step failed (a shape error in the data, say): Keras has taken the values out of the
+                # variables (``purge_model_variables``) and its final sync has no state to put back, which would
+                # leave the model unusable. They go back as they were, as after model.fit's own early failure.
+                for variables, values in zip(_group_variables(model), state):
+                    for variable, value in zip(variables, values):
+                        variable.assign(value)
+            raise
 
     model.train_function = train_function
     keras_sync = model.jax_state_sync

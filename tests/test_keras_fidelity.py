@@ -756,3 +756,22 @@ def test_a_history_passed_in_callbacks_is_the_history_returned_as_in_model_fit(l
         full = kfit.fit(compiled(mlp()), x, y, batch_size=8, epochs=3, verbose=0,
                         callbacks=[resumed, kfit.callbacks.Checkpoint(path)], **extra)
         assert full is resumed and resumed.epoch == [0, 1, 2] and len(resumed.history["loss"]) == 3
+
+
+def test_a_run_that_fails_in_its_first_step_leaves_the_model_as_it_was():
+    """A data error in the first step (sample weights of the wrong shape): on JAX, Keras had taken the values out of
+    the variables for the step and none came back, so every later fit of the model (kfit's or model.fit) failed with
+    "'NoneType' object is not callable". The model is left as it was and trains as a fresh one."""
+    x, y = regression_data(64)
+    keras.utils.set_random_seed(3)
+    model = compiled(mlp(), optimizer=keras.optimizers.Adam(0.01))
+    keras.utils.set_random_seed(3)
+    fresh = compiled(mlp(), optimizer=keras.optimizers.Adam(0.01))
+    before = weights(model)
+    with pytest.raises((ValueError, RuntimeError)):  # (the backend's own error: PyTorch raises RuntimeError)
+        kfit.fit(model, x, y, sample_weight=np.ones((64, 3), "float32"), batch_size=16, seed=0, verbose=0)
+    for a, b in zip(before, weights(model)):
+        np.testing.assert_array_equal(a, b)
+    for trained in (model, fresh):
+        kfit.fit(trained, x, y, batch_size=16, epochs=2, shuffle=False, seed=0, verbose=0)
+    assert_same_weights(model, fresh)
