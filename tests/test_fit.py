@@ -1,5 +1,6 @@
 """kfit.fit: a drop-in for model.fit, the stream-driven loop, minibatch-size schedules."""
 
+import functools
 import math
 import time
 
@@ -78,6 +79,30 @@ def test_class_weight_is_model_fits_and_the_streams():
     kfit.fit(c, x, y, batch_size=8, epochs=2, shuffle=False, class_weight=class_weight, seed=0, verbose=0)
     np.testing.assert_allclose(np.concatenate([w.ravel() for w in weights(c)]),
                                np.concatenate([w.ravel() for w in weights(a)]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("labels", ["soft", "a class without a weight"])
+def test_class_weight_follows_keras_rules_for_soft_labels_and_missing_classes(labels):
+    """Keras rounds labels to the nearest class and weighs a class missing from ``class_weight`` by 1: kfit's loop
+    truncated soft labels (other weights, another loss) and refused a missing class."""
+    x, y = regression_data(48)
+    y = np.clip(np.abs(y), 0.0, 1.0)[:, :1]  # soft binary labels in [0, 1]
+    class_weight = {0: 1.0, 1: 3.0} if labels == "soft" else {0: 2.0}
+    if labels != "soft":
+        y = np.round(y)
+    runs = []
+    for loop in ("model.fit", "kfit.fit"):
+        keras.utils.set_random_seed(3)
+        model = compiled(mlp(), loss="binary_crossentropy")
+        extra = {"seed": 0} if loop == "kfit.fit" else {}
+        fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model)
+        runs.append((model, fit(x, y, batch_size=8, epochs=2, shuffle=False, class_weight=class_weight, verbose=0,
+                                **extra)))
+    (a, history_a), (b, history_b) = runs
+    assert sorted(set(np.round(y).ravel())) == [0.0, 1.0]
+    np.testing.assert_allclose(history_b.history["loss"], history_a.history["loss"], rtol=1e-5)
+    for wa, wb in zip(weights(a), weights(b)):
+        np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-6)
 
 
 def test_stream_loop_without_shuffle_trains_like_model_fit():

@@ -61,14 +61,13 @@ def _class_weights(y: Any, class_weight: dict) -> np.ndarray:
     leaves = [a for a in flatten(y) if a is not None]
     if len(leaves) != 1:
         raise ValueError("`class_weight` needs a single target array `y` (one output). Use `sample_weight` for several outputs.")
+    # Keras's rule (class_weight_to_sample_weights): one-hot rows by their largest entry, labels rounded to the
+    # nearest class, a class without a weight weighs 1.
     labels = np.asarray(leaves[0])
     if labels.ndim > 1 and labels.shape[-1] > 1:
         labels = labels.argmax(axis=-1)
-    labels = labels.reshape(len(labels), -1)[:, 0].astype(np.int64)
-    try:
-        return np.array([class_weight[int(c)] for c in labels], dtype="float32")
-    except KeyError as missing:
-        raise ValueError(f"`class_weight` has no weight for class {missing}. Received: class_weight={class_weight!r}") from None
+    labels = np.round(labels.reshape(len(labels), -1)[:, 0]).astype(np.int32)
+    return np.array([class_weight.get(int(c), 1.0) for c in labels], dtype=keras.config.floatx())
 
 
 def ordered_callbacks(callbacks: list) -> list:
