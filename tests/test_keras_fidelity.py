@@ -5,6 +5,8 @@ kfit-only feature (``seed``, ``max_samples``, a ``Checkpoint``), on the same min
 (``shuffle=False``), and compares what a user sees: the weights, the logs, what ``train_step`` received.
 """
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -775,3 +777,34 @@ def test_a_run_that_fails_in_its_first_step_leaves_the_model_as_it_was():
     for trained in (model, fresh):
         kfit.fit(trained, x, y, batch_size=16, epochs=2, shuffle=False, seed=0, verbose=0)
     assert_same_weights(model, fresh)
+
+
+def two_output_model():
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(5, activation="relu")(inputs)
+    model = keras.Model(inputs, [keras.layers.Dense(1, name="a")(hidden), keras.layers.Dense(1, name="b")(hidden)])
+    return compiled(model, loss=["mse", "mse"])
+
+
+@pytest.mark.parametrize("case", ["one array in a list for two outputs", "one array of two weights per sample",
+                                  "a list of weights for a dict of targets"])
+def test_sample_weights_that_do_not_fit_the_outputs_are_refused_with_keras_errors(case):
+    """kfit's loop failed with an IndexError or a broadcasting error deep in the step, or trained where model.fit
+    refuses; now Keras's own checks and words, before training."""
+    x, y = regression_data(32)
+    targets: object = [y, y]
+    weights_ = np.ones(32, "float32")
+    sample_weight: object = {"one array in a list for two outputs": [weights_],
+                             "one array of two weights per sample": np.ones((32, 2), "float32"),
+                             "a list of weights for a dict of targets": [weights_, weights_]}[case]
+    if case == "a list of weights for a dict of targets":
+        targets = {"a": y, "b": y}
+    messages = []
+    for loop in ("model.fit", "kfit.fit"):
+        model = two_output_model()
+        fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+        with pytest.raises(ValueError) as raised:
+            fit(x, targets, sample_weight=sample_weight, batch_size=8, verbose=0)
+        messages.append(str(raised.value).split(".")[0])
+        assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 0
+    assert messages[1] == messages[0]

@@ -70,6 +70,25 @@ def _class_weights(y: Any, class_weight: dict) -> np.ndarray:
     return np.array([class_weight.get(int(c), 1.0) for c in labels], dtype=keras.config.floatx())
 
 
+def _check_sample_weight(y: Any, sample_weight: Any) -> None:
+    """Keras's checks of ``sample_weight`` against a ``y`` of several outputs (its array adapter's), with its errors:
+    one array per output in ``y``'s structure, or one array of one weight per sample for all of them."""
+    if sample_weight is None or not keras.tree.is_nested(y):
+        return
+    if isinstance(sample_weight, (list, tuple, dict)):
+        try:
+            keras.tree.assert_same_structure(y, sample_weight)
+        except (ValueError, TypeError):
+            raise ValueError("You should provide one `sample_weight` array per output in `y`. The two structures did "
+                             f"not match: y has {len(flatten(y))} arrays in a {type(y).__name__}, sample_weight "
+                             f"{len(flatten(sample_weight))} in a {type(sample_weight).__name__}.") from None
+    elif not (np.ndim(sample_weight) == 1 or np.ndim(sample_weight) == 2 and np.shape(sample_weight)[1] == 1):
+        raise ValueError("For a model with multiple outputs, when providing a single `sample_weight` array, it should "
+                         "only have one scalar score per sample (i.e. shape `(num_samples,)`). If you want to use "
+                         "non-scalar sample weights, pass a `sample_weight` argument with one array per model output. "
+                         f"Received: sample_weight of shape {np.shape(sample_weight)}")
+
+
 def ordered_callbacks(callbacks: list) -> list:
     """Callbacks sorted (stably) by their ``order``: see :attr:`kfit.callbacks.KfitCallback.order`."""
     return sorted(callbacks, key=lambda c: getattr(c, "order", 0))
@@ -544,6 +563,7 @@ class _StreamFit:
                                           rank=distributed.rank(), num_workers=distributed.size())
         else:
             x, y, sample_weight = to_host(x), to_host(y), to_host(sample_weight)
+            _check_sample_weight(y, sample_weight)
             if o.validation_split and validation_data is None:
                 (x, y, sample_weight), validation_data = _split_validation(x, y, sample_weight, o.validation_split)
             self.stream = SampleStream(x, y, sample_weight, shuffle=o.shuffle, seed=o.seed or 0,
