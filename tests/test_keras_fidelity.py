@@ -808,3 +808,43 @@ def test_sample_weights_that_do_not_fit_the_outputs_are_refused_with_keras_error
         messages.append(str(raised.value).split(".")[0])
         assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 0
     assert messages[1] == messages[0]
+
+
+def test_per_output_losses_of_a_resumed_epoch_are_the_uninterrupted_runs(tmp_path):
+    """Keras weights each step's per-output loss mean by the static batch dimension (1 when unknown). On TensorFlow
+    the call stopped at 48 samples declared it static (all its minibatches of 16) and the resumed call unknown (a
+    remainder of 8 ends each epoch of 72): the resumed epoch's `a_loss`/`b_loss` were 0.03-0.19 off. Every call now
+    declares what a call training the whole epoch does."""
+    x, y = regression_data(72)
+
+    def train(max_samples=None):
+        keras.utils.set_random_seed(2)
+        return kfit.fit(two_output_model(), x, [y, 2 * y], batch_size=16, epochs=3, shuffle=False, seed=0,
+                        verbose=0, max_samples=max_samples, callbacks=[kfit.callbacks.Checkpoint(tmp_path / "r.ckpt")])
+
+    reference = train().history
+    (tmp_path / "r.ckpt").unlink()
+    train(max_samples=48)
+    resumed = train().history
+    assert sorted(resumed) == sorted(reference) == ["a_loss", "b_loss", "loss"]
+    for key in reference:
+        np.testing.assert_allclose(resumed[key], reference[key], rtol=1e-6, err_msg=key)
+
+
+def test_a_none_target_for_an_output_without_a_loss_trains_as_in_model_fit():
+    """``model.fit(x, [y, None])`` with ``loss=["mse", None]`` trains; kfit's TensorFlow pipeline failed converting
+    the None to a tensor."""
+    x, y = regression_data(64)
+    runs = []
+    for loop in ("model.fit", "kfit.fit"):
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((4,))
+        hidden = keras.layers.Dense(3)(inputs)
+        model = compiled(keras.Model(inputs, [keras.layers.Dense(1)(hidden), keras.layers.Dense(1)(hidden)]),
+                         loss=["mse", None])
+        fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+        runs.append((model, fit(x, [y, None], batch_size=16, epochs=2, shuffle=False, verbose=0)))
+    (a, history_a), (b, history_b) = runs
+    assert history_b.history.keys() == history_a.history.keys()
+    np.testing.assert_allclose(history_b.history["loss"], history_a.history["loss"], rtol=1e-6)
+    assert_same_weights(a, b)

@@ -81,8 +81,9 @@ class StreamAdapter(_backend.DataAdapter):
                  declared_batches: int | None, batch_size: int | None, prefetch: int = 2,
                  rows: tuple[tuple, Callable[[int, int], np.ndarray]] | None = None,
                  ahead: tuple[Callable[[], tuple[int, int]], _epochs_ahead.PlanAt] | None = None,
-                 pad: Any = None):
+                 pad: Any = None, whole_epoch_at: _epochs_ahead.PlanAt | None = None):
         self._rows = rows
+        self._whole_epoch_at = whole_epoch_at  # the plan of the whole epoch a clock reading is in, max_samples aside
         self._reading = ahead[0] if ahead is not None else None  # the clock reading (samples, minibatches)
         self._plan_at = ahead[1] if ahead is not None else None
         self._ahead = ahead if os.environ.get(READ_AHEAD_VARIABLE, "1") != "0" else None
@@ -174,6 +175,12 @@ class StreamAdapter(_backend.DataAdapter):
         if self._pad is not None:
             return self._pad.rows(plan[:1], reading[1])[0]  # the scheduled size, fixed: every minibatch is padded to it
         size = _epochs_ahead.constant_size(self._plan_at, reading, plan)
+        if size is not None and self._whole_epoch_at is not None and any(
+                s != size for _, s in self._whole_epoch_at(*reading)):
+            # A call that begins or ends inside an epoch (a resume, max_samples) declares what a call training the
+            # whole epoch does: Keras's per-output loss means (CompileLoss) weight each step by the static batch
+            # dimension (1 when unknown), and an epoch whose steps several calls train must weight them alike.
+            return None
         return None if size is None else self._worker_rows(plan[0][0], size)
 
     def _worker_rows(self, start: int, size: int) -> int:
@@ -313,12 +320,18 @@ class StreamAdapter(_backend.DataAdapter):
             sample = keras.tree.lists_to_tuples(pack_batch(*self._read(start, size)))
             if self._pad is not None:
                 sample = self._pad.batch(sample, size)
-            self._signature = keras.tree.map_structure(
-                lambda a: tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), sample)
+            # A None leaf: an empty Optional, as Keras's own generator adapter hands tf.data one.
+            self._signature = tf.nest.map_structure(lambda a: tf.OptionalSpec(None) if a is None else tf.TensorSpec(
+                (None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), sample)
         signature = self._signature
         if rows is not None:
-            signature = tf.nest.map_structure(lambda spec: tf.TensorSpec((rows, *spec.shape[1:]), spec.dtype),
-                                              signature)
+            signature = tf.nest.map_structure(
+                lambda spec: tf.TensorSpec((rows, *spec.shape[1:]), spec.dtype)
+                if isinstance(spec, tf.TensorSpec) else spec, signature)
+        if any(isinstance(spec, tf.OptionalSpec) for spec in tf.nest.flatten(signature)):
+            inner = batches
+            batches = lambda: (tf.nest.map_structure(  # noqa: E731
+                lambda a: tf.experimental.Optional.empty(None) if a is None else a, batch) for batch in inner())
         return tf.data.Dataset.from_generator(batches, output_signature=signature)
 
     def _tf_gathered_dataset(self, rows: int | None = None) -> Any:
@@ -335,7 +348,9 @@ class StreamAdapter(_backend.DataAdapter):
         if self._tensors is None:
             import tensorflow as tf
 
-            self._tensors = tf.nest.map_structure(tf.convert_to_tensor,
+            # A None leaf (no target for an output without a loss, as in model.fit(x, [y, None])) stays None, as in
+            # Keras's own array adapter: tf.data carries it through (NoneTensorSpec).
+            self._tensors = tf.nest.map_structure(lambda a: None if a is None else tf.convert_to_tensor(a),
                                                   keras.tree.lists_to_tuples(pack_batch(*self._rows[0])))
         return self._tensors
 

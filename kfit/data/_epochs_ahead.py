@@ -159,10 +159,11 @@ def gathered_dataset(tensors: Any, rows: Callable[[int, int], np.ndarray], plan_
     def static(batch: Any) -> Any:
         if static_rows is None:
             return batch
-        return tf.nest.map_structure(lambda t: tf.ensure_shape(t, [static_rows, *t.shape[1:]]), batch)
+        return tf.nest.map_structure(lambda t: t if t is None else tf.ensure_shape(t, [static_rows, *t.shape[1:]]),
+                                     batch)
 
     def minibatch(flat: Any, start: Any, size: Any, real: Any) -> Any:
-        batch = tf.nest.map_structure(lambda t: tf.gather(t, flat[start:start + size]), tensors)
+        batch = tf.nest.map_structure(lambda t: t if t is None else tf.gather(t, flat[start:start + size]), tensors)
         if padded_rows is None:
             return static(batch)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)

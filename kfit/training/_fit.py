@@ -636,6 +636,13 @@ class _StreamFit:
         end = min((samples // self.epoch_size + 1) * self.epoch_size, self.stop_at)
         return list(_plan.plan(samples, minibatches, self.size_at, self.epoch_size, end))
 
+    def whole_epoch_at(self, samples: int, minibatches: int) -> list:
+        """The ``(start, size)`` minibatches of the whole epoch the clock reading ``(samples, minibatches)`` is in,
+        from its first sample to its end, ``max_samples`` aside (asked for a fixed minibatch size only, whose plan
+        does not read ``minibatches``)."""
+        first = samples - samples % self.epoch_size
+        return list(_plan.plan(first, minibatches, self.size_at, self.epoch_size, first + self.epoch_size))
+
     def epoch_plan(self) -> list:
         """The ``(start, size)`` minibatches of the epoch beginning at the clock's reading."""
         clock = self.clock
@@ -688,6 +695,7 @@ class _StreamFit:
             prefetch=self.prefetch, rows=self._rows_in_memory(),
             ahead=(lambda: (clock.samples, clock.minibatches), self.plan_at),
             pad=_padding.Padding(self.size_at) if self.pads else None,
+            whole_epoch_at=self.whole_epoch_at,
         )
         if clock.samples < self.stop_at:
             first_size = _plan.next_minibatch(clock.samples, clock.minibatches, self.size_at, self.epoch_size,
