@@ -848,3 +848,47 @@ def test_a_none_target_for_an_output_without_a_loss_trains_as_in_model_fit():
     assert history_b.history.keys() == history_a.history.keys()
     np.testing.assert_allclose(history_b.history["loss"], history_a.history["loss"], rtol=1e-6)
     assert_same_weights(a, b)
+
+
+class ReshufflingDataset(keras.utils.PyDataset):
+    """Reorders its rows in ``on_epoch_end`` from its own seeded random state, as the Keras guide's datasets do."""
+
+    def __init__(self, x, y, batch_size):
+        super().__init__()
+        self.x, self.y, self.batch_size = x, y, batch_size
+        self.order = np.arange(len(x))
+        self.rng = np.random.default_rng(7)
+
+    def __len__(self):
+        return -(-len(self.x) // self.batch_size)
+
+    def __getitem__(self, index):
+        rows = self.order[index * self.batch_size:(index + 1) * self.batch_size]
+        return self.x[rows], self.y[rows]
+
+    def on_epoch_end(self):
+        self.order = self.rng.permutation(len(self.x))
+
+
+def test_a_pydataset_that_reshuffles_at_epoch_end_trains_as_in_model_fit_and_resumes_exactly(tmp_path):
+    """kfit's loop never called a PyDataset's ``on_epoch_end``: a dataset that reorders itself there trained every
+    epoch on the first order (weights 0.08 off model.fit's). It is now called as model.fit calls it (once before the
+    first epoch too), and a resumed run replays the calls up to its epoch."""
+    x, y = regression_data(64)
+
+    def train(loop, **extra):
+        keras.utils.set_random_seed(4)
+        model = compiled(mlp())
+        fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+        history = fit(ReshufflingDataset(x, y, 16), epochs=3, shuffle=False, verbose=0, **extra)
+        return model, history
+
+    expected, expected_history = train("model.fit")
+    looped, history = train("kfit.fit")
+    assert_same_weights(expected, looped)
+    np.testing.assert_allclose(history.history["loss"], expected_history.history["loss"], rtol=1e-6)
+    path = tmp_path / "run.ckpt"
+    train("kfit.fit", max_samples=64 + 32, callbacks=[kfit.callbacks.Checkpoint(path)])
+    resumed, resumed_history = train("kfit.fit", callbacks=[kfit.callbacks.Checkpoint(path)])
+    assert_same_weights(expected, resumed)
+    np.testing.assert_allclose(resumed_history.history["loss"], expected_history.history["loss"], rtol=1e-6)

@@ -4,6 +4,12 @@ A PyDataset serves whole batches. The stream lays its batches end to end, sweep 
 visits the batches in an order shuffled by ``(seed, sweep)`` (samples inside a batch keep their order).
 A minibatch of any size is cut from that sequence, so minibatch-size schedules work, and the position is
 a function of the clock alone: seeking reads only the batches the next minibatch needs.
+
+The dataset's own ``on_epoch_begin`` and ``on_epoch_end`` run as under ``model.fit`` (which calls ``on_epoch_end``
+once before the first epoch, then both around each): before the first read of each sweep, the stream calls
+``on_epoch_end`` then ``on_epoch_begin``, as many times as ``model.fit`` would have by then, so a dataset that
+reshuffles itself there (from its own seeded random state) serves the same batches, and a resumed run replays the
+calls up to its sweep.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ class PyDatasetStream:
         self.has_h5py = False
         self._sweep_cache: tuple[int, np.ndarray, np.ndarray] | None = None
         self._batch_cache: dict[int, list] = {}
+        self._passes = 0  # the sweeps the dataset was told of (its on_epoch_end and on_epoch_begin called)
 
     @staticmethod
     def _length(triple: tuple) -> int:
@@ -90,11 +97,20 @@ class PyDatasetStream:
             self._batch_cache[index] = [None if leaf is None else np.asarray(leaf) for leaf in flatten(triple)]
         return self._batch_cache[index]
 
+    def _begin_sweep(self, sweep: int) -> None:
+        """Tells the dataset of every sweep up to ``sweep`` not told yet, as ``model.fit`` tells it of its epochs."""
+        while self._passes <= sweep:
+            self.dataset.on_epoch_end()
+            self.dataset.on_epoch_begin()
+            self._passes += 1
+            self._batch_cache.clear()  # the dataset may serve other rows now
+
     def _rows(self, lo: int, hi: int) -> list:
         pieces: list[list] = []
         position = lo
         while position < hi:
             sweep, offset = divmod(position, self.num_samples)
+            self._begin_sweep(sweep)
             order, starts = self._sweep(sweep)
             k = int(np.searchsorted(starts, offset, side="right") - 1)
             batch = self._batch(int(order[k]))
