@@ -2,6 +2,8 @@
 
     python keras_suite/compare.py BACKEND PLAIN.json ROUTED.json EXPECTED_FAILURES.txt
     python keras_suite/compare.py --not-passed ROUTED.json ROOTDIR    # paths of tests to run plainly
+    python keras_suite/compare.py --timed-out ROUTED.json ROOTDIR     # paths of tests that ran past the limit
+    python keras_suite/compare.py --merge ROUTED.json AGAIN.json      # AGAIN's outcomes replace ROUTED's
 
 Prints the counts, and each test that passes under plain Keras but not through kfit (with the first line
 of its error). Exits 1 if one of them is not listed for BACKEND in EXPECTED_FAILURES.txt, whose lines are
@@ -36,6 +38,30 @@ def not_passed(routed_path: str, rootdir: str) -> int:
     return 0
 
 
+def timed_out(routed_path: str, rootdir: str) -> int:
+    with open(routed_path) as f:
+        routed = json.load(f)
+    for nodeid, entry in sorted(routed.items()):
+        if entry["outcome"] == "failed" and "TestTimeout" in entry["error"] and "::" in nodeid:
+            print(os.path.join(rootdir, nodeid))
+    return 0
+
+
+def merge(routed_path: str, again_path: str) -> int:
+    """Records the outcomes of a second run of some tests over the first's, each marked as run twice."""
+    with open(routed_path) as f:
+        routed = json.load(f)
+    with open(again_path) as f:
+        again = json.load(f)
+    for nodeid, entry in again.items():
+        entry["first_run"] = routed.get(nodeid, {}).get("error", "")
+        routed[nodeid] = entry
+        print(f"  ran again after a timeout: {entry['outcome']}: {nodeid}")
+    with open(routed_path, "w") as f:
+        json.dump(routed, f, indent=1, sort_keys=True)
+    return 0
+
+
 def main(backend: str, plain_path: str, routed_path: str, expected_path: str) -> int:
     with open(plain_path) as f:
         plain = json.load(f)
@@ -65,4 +91,8 @@ def main(backend: str, plain_path: str, routed_path: str, expected_path: str) ->
 if __name__ == "__main__":
     if sys.argv[1] == "--not-passed":
         sys.exit(not_passed(*sys.argv[2:]))
+    if sys.argv[1] == "--timed-out":
+        sys.exit(timed_out(*sys.argv[2:]))
+    if sys.argv[1] == "--merge":
+        sys.exit(merge(*sys.argv[2:]))
     sys.exit(main(*sys.argv[1:]))
