@@ -65,6 +65,10 @@ class StreamAdapter(_backend.DataAdapter):
             ``fit`` call, reading each next epoch's plan and first minibatches ahead (``kfit.data._epochs_ahead``):
             with ``rows`` on TensorFlow one ``tf.data`` iterator, else (``prefetch`` > 0) one reader thread.
             ``KFIT_READ_AHEAD=0`` in the environment turns that off.
+        source: the stream read, if it has epoch hooks of its own (:class:`kfit.data.PyDatasetStream`): it reads no
+            epoch ahead of the epoch that reads it (the dataset's user code may depend on what a callback's
+            ``on_epoch_begin`` changed), is told when each epoch begins (``source.epoch_begins()``), and ends its
+            sweep when Keras ends the epoch that ends it (``source.end_sweep(position)``).
         pad: for a step compiled per shape (JAX; TensorFlow with ``jit_compile=True``), what pads each minibatch to
             the rows the step is handed it with (``kfit.training._padding.Padding``: ``pad.rows(plan, minibatches)``
             for the minibatches of an epoch's plan, ``pad.batch(batch, rows)``). The batches then carry sample
@@ -81,12 +85,14 @@ class StreamAdapter(_backend.DataAdapter):
                  declared_batches: int | None, batch_size: int | None, prefetch: int = 2,
                  rows: tuple[tuple, Callable[[int, int], np.ndarray]] | None = None,
                  ahead: tuple[Callable[[], tuple[int, int]], _epochs_ahead.PlanAt] | None = None,
-                 pad: Any = None, whole_epoch_at: _epochs_ahead.PlanAt | None = None):
+                 pad: Any = None, whole_epoch_at: _epochs_ahead.PlanAt | None = None, source: Any = None):
         self._rows = rows
+        self._source = source
+        self._epoch_open = False  # between Keras's on_epoch_begin and on_epoch_end
         self._whole_epoch_at = whole_epoch_at  # the plan of the whole epoch a clock reading is in, max_samples aside
         self._reading = ahead[0] if ahead is not None else None  # the clock reading (samples, minibatches)
         self._plan_at = ahead[1] if ahead is not None else None
-        self._ahead = ahead if os.environ.get(READ_AHEAD_VARIABLE, "1") != "0" else None
+        self._ahead = ahead if os.environ.get(READ_AHEAD_VARIABLE, "1") != "0" and source is None else None
         self._tensors: Any = None
         # Reading ahead across epochs: the epochs' chain, the TensorFlow epoch loop its tf.data iterator serves (or
         # None), and its reader thread (None for tf.data's gather from memory).
@@ -130,6 +136,9 @@ class StreamAdapter(_backend.DataAdapter):
 
     def on_epoch_begin(self) -> None:
         self.close(keep_reader=True)
+        if self._source is not None:
+            self._source.epoch_begins()
+        self._epoch_open = True
         self._new_plan()
         _backend.declare_epoch_steps(len(self._plan))
         if self._ahead is None:
@@ -239,6 +248,13 @@ class StreamAdapter(_backend.DataAdapter):
     def on_epoch_end(self) -> None:
         # An epoch that did not run to its end leaves its reader short of where the next one begins.
         self.close(keep_reader=_backend.epoch_iterator_opened_next_pass())
+        if self._source is not None:
+            if not self._epoch_open:  # Keras's call before the first epoch (its data's reset): the dataset's first
+                self._source.end_sweep(0)
+            elif self._plan:
+                start, size = self._plan[-1]
+                self._source.end_sweep(start + size)
+        self._epoch_open = False
 
     @property
     def plan(self) -> list[tuple[int, int]]:

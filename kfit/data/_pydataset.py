@@ -7,9 +7,12 @@ a function of the clock alone: seeking reads only the batches the next minibatch
 
 The dataset's own ``on_epoch_begin`` and ``on_epoch_end`` run as under ``model.fit`` (which calls ``on_epoch_end``
 once before the first epoch, then both around each): before the first read of each sweep, the stream calls
-``on_epoch_end`` then ``on_epoch_begin``, as many times as ``model.fit`` would have by then, so a dataset that
-reshuffles itself there (from its own seeded random state) serves the same batches, and a resumed run replays the
-calls up to its sweep.
+``on_epoch_begin`` (and ``on_epoch_end`` first, unless :meth:`PyDatasetStream.end_sweep` called it when the sweep
+before ended), as many times as ``model.fit`` would have by then, so a dataset that reshuffles itself there (from
+its own seeded random state) serves the same batches, and a resumed run replays the calls up to its sweep.
+``kfit.fit`` ends each sweep when Keras ends the epoch that ends it (after its last step, before validation, as
+``model.fit`` does) and reads no sweep ahead of the epoch that reads it, so a callback that changes the dataset in
+its ``on_epoch_begin`` (a curriculum) changes the batches of that epoch.
 """
 
 from __future__ import annotations
@@ -71,6 +74,10 @@ class PyDatasetStream:
         self._sweep_cache: tuple[int, np.ndarray, np.ndarray] | None = None
         self._batch_cache: dict[int, list] = {}
         self._passes = 0  # the sweeps the dataset was told of (its on_epoch_end and on_epoch_begin called)
+        self._ended = False  # the last sweep told of has ended (its on_epoch_end called)
+        #: Whether reads tell the dataset of their sweep. ``kfit.fit`` turns it off until its first epoch begins: what
+        #: it reads before (to build the model) reads the dataset as it is, as ``model.fit``'s first look does.
+        self.telling = True
 
     @staticmethod
     def _length(triple: tuple) -> int:
@@ -100,17 +107,34 @@ class PyDatasetStream:
     def _begin_sweep(self, sweep: int) -> None:
         """Tells the dataset of every sweep up to ``sweep`` not told yet, as ``model.fit`` tells it of its epochs."""
         while self._passes <= sweep:
-            self.dataset.on_epoch_end()
+            if not self._ended:
+                self.dataset.on_epoch_end()
             self.dataset.on_epoch_begin()
             self._passes += 1
+            self._ended = False
             self._batch_cache.clear()  # the dataset may serve other rows now
+
+    def end_sweep(self, position: int) -> None:
+        """Calls the dataset's ``on_epoch_end`` now if the global stream ``position`` ends the sweep last begun (an
+        epoch ended there, as ``model.fit`` calls it when an epoch's data runs out; 0: before the first sweep, as
+        ``model.fit`` calls it before its first epoch); else leaves it for the next sweep's first read."""
+        if position % self.num_samples == 0 and position // self.num_samples == self._passes and not self._ended:
+            self.dataset.on_epoch_end()
+            self._ended = True
+
+    def epoch_begins(self) -> None:
+        """An epoch begins (after every callback's ``on_epoch_begin``, which may have changed the dataset): reads tell
+        the dataset of their sweep from now on, and the batches kept from earlier reads are read again."""
+        self.telling = True
+        self._batch_cache.clear()
 
     def _rows(self, lo: int, hi: int) -> list:
         pieces: list[list] = []
         position = lo
         while position < hi:
             sweep, offset = divmod(position, self.num_samples)
-            self._begin_sweep(sweep)
+            if self.telling:
+                self._begin_sweep(sweep)
             order, starts = self._sweep(sweep)
             k = int(np.searchsorted(starts, offset, side="right") - 1)
             batch = self._batch(int(order[k]))

@@ -561,6 +561,7 @@ class _StreamFit:
                 raise ValueError("`validation_split` needs arrays (as in model.fit); give `validation_data` with a PyDataset.")
             self.stream = PyDatasetStream(x, shuffle=bool(o.shuffle), seed=o.seed or 0,
                                           rank=distributed.rank(), num_workers=distributed.size())
+            self.stream.telling = False  # until the first epoch begins (StreamAdapter(source=...))
         else:
             x, y, sample_weight = to_host(x), to_host(y), to_host(sample_weight)
             _check_sample_weight(y, sample_weight)
@@ -696,6 +697,7 @@ class _StreamFit:
             ahead=(lambda: (clock.samples, clock.minibatches), self.plan_at),
             pad=_padding.Padding(self.size_at) if self.pads else None,
             whole_epoch_at=self.whole_epoch_at,
+            source=self.stream if isinstance(self.stream, PyDatasetStream) else None,
         )
         if clock.samples < self.stop_at:
             first_size = _plan.next_minibatch(clock.samples, clock.minibatches, self.size_at, self.epoch_size,
