@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -391,12 +392,36 @@ class _OffsetCallbackList(keras.callbacks.CallbackList):
     def __init__(self, callbacks: list, batch_offset: Callable[[], int], **kwargs: Any):
         super().__init__(callbacks, **kwargs)
         self._batch_offset = batch_offset
+        self._first_end: tuple[int, float] | None = None  # this call's first batch end in the epoch: (batch, time)
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._first_end = None
+        super().on_epoch_begin(epoch, logs)
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         super().on_train_batch_begin(batch + self._batch_offset(), logs)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        super().on_train_batch_end(batch + self._batch_offset(), logs)
+        offset = self._batch_offset()
+        if offset and self._progbar is not None:
+            self._keep_progbar_rate(batch, offset)
+        super().on_train_batch_end(batch + offset, logs)
+
+    def _keep_progbar_rate(self, batch: int, offset: int) -> None:
+        """In the epoch a run resumed in, the progress bar counts the ``offset`` steps the epoch had run before this
+        call, but Keras's ``Progbar`` takes its time per step as the time since it began over the steps it counts
+        (the ETA came out short by up to the factor of the steps counted). Its rate is kept at this call's own: the
+        time since the call's first batch end over the steps since (``Progbar._time_after_first_step``, the time
+        Keras measures from, is put where that rate puts it; checked against Keras 3.10-3.15)."""
+        now = time.time()
+        if self._first_end is None:
+            self._first_end = (batch, now)
+            return
+        progbar = getattr(self._progbar, "progbar", None)
+        first_batch, first_time = self._first_end
+        if batch > first_batch and progbar is not None and hasattr(progbar, "_time_after_first_step"):
+            per_step = (now - first_time) / (batch - first_batch)
+            progbar._time_after_first_step = now - (batch + offset) * per_step  # Keras divides by current - 1
 
 
 def steps_per_execution(model: Any) -> int:

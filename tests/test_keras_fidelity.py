@@ -6,6 +6,8 @@ kfit-only feature (``seed``, ``max_samples``, a ``Checkpoint``), on the same min
 """
 
 import functools
+import re
+import time
 
 import keras
 import numpy as np
@@ -713,6 +715,45 @@ def test_the_progress_bar_of_the_epoch_a_run_resumes_in_counts_its_steps_from_th
     shown = capsys.readouterr().out
     assert "Epoch 2/2" in shown and "8/8" in shown
     assert "5/5" not in shown
+
+
+class SlowSteps(keras.callbacks.Callback):
+    """Makes every step take at least ``seconds`` more."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(self.seconds)
+
+
+def _shown_seconds_per_step(shown):
+    value, unit = re.findall(r"([\d.]+)(s|ms|us)/step", shown)[-1]
+    return float(value) * {"s": 1.0, "ms": 1e-3, "us": 1e-6}[unit]
+
+
+@pytest.mark.parametrize("source", ["arrays", "generator"])
+def test_the_progress_bar_of_the_epoch_a_run_resumes_in_shows_the_calls_own_time_per_step(tmp_path, capsys, source):
+    """The bar counts the steps the epoch had run before the resume (28 of 32), but Keras's Progbar took the time per
+    step as this call's time over every step counted: an eighth of the real time per step (and the ETA as short)."""
+    x, y = regression_data(128)
+
+    def data():
+        if source == "arrays":
+            return {"x": x, "y": y, "minibatch_size": 4}
+        return {"x": ((x[i:i + 4], y[i:i + 4]) for _ in range(3) for i in range(0, 128, 4)), "steps_per_epoch": 32,
+                "shuffle": False}
+
+    path = tmp_path / "run.ckpt"
+    kfit.fit(compiled(mlp()), epochs=2, seed=0, verbose=0, max_samples=112, callbacks=[kfit.callbacks.Checkpoint(path)],
+             **data())
+    capsys.readouterr()
+    kfit.fit(compiled(mlp()), epochs=1, seed=0, verbose=1, callbacks=[kfit.callbacks.Checkpoint(path), SlowSteps(0.05)],
+             **data())
+    shown = capsys.readouterr().out
+    assert "32/32" in shown
+    assert _shown_seconds_per_step(shown) >= 0.045, shown[-300:]
 
 
 class StopAtTrainBegin(keras.callbacks.Callback):
