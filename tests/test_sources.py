@@ -120,6 +120,34 @@ def test_a_source_resumes_by_skipping_ahead_to_the_uninterrupted_run(kind, tmp_p
         50 if kind != "generator" else 50 - 32)  # the last epoch: whole, or what was left after the resume
 
 
+@pytest.mark.parametrize(("kind", "stop_at", "frequency"), [
+    *((kind, 50, 10) for kind in ("DataLoader", "tf.data")),  # the first pass's end, saved at every step
+    *((kind, 20, 1000) for kind in ("DataLoader", "tf.data", "grain")),  # inside it, saved when it stops
+])  # (Keras's adapter does not tell the length of a Grain dataset: see the README)
+def test_a_run_stopped_in_or_at_the_end_of_the_first_pass_resumes_to_the_uninterrupted_run(kind, stop_at, frequency,
+                                                                                           tmp_path):
+    """Before the first pass ends kfit does not know a source's epoch length. A run stopped at the first pass's last
+    step (of a pass of whole minibatches: 5 of 10) was saved as "epoch 1, 50 samples in": the resumed run trained a
+    whole epoch more (the optimizer 5 steps ahead). A run stopped inside it was saved without marking its partial epoch: the resumed run's history held
+    epoch 0 twice. A source that knows its number of batches now tells the clock its epoch length at the pass's last
+    step, and a stop at ``max_samples`` inside the first pass is saved as a partial epoch."""
+    make, options = SOURCES[kind]
+    reference = compiled(mlp())
+    expected = kfit.fit(reference, make(10), epochs=3, seed=0, verbose=0, **options)
+    path = tmp_path / "run.ckpt"
+    kfit.fit(compiled(mlp()), make(10), epochs=3, max_samples=stop_at, seed=0, verbose=0,
+             callbacks=[kfit.callbacks.Checkpoint(path, frequency=frequency)], **options)
+    resumed = compiled(mlp())
+    checkpoint = kfit.callbacks.Checkpoint(path, frequency=1000)
+    history = kfit.fit(resumed, make(10), epochs=3, seed=0, verbose=0, callbacks=[checkpoint], **options)
+    assert checkpoint.restored_from.samples == stop_at
+    for a, b in zip(weights(reference), weights(resumed)):
+        np.testing.assert_array_equal(a, b)
+    assert int(resumed.optimizer.iterations) == int(reference.optimizer.iterations)
+    assert history.epoch == expected.epoch == [0, 1, 2]
+    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-6)
+
+
 @pytest.mark.parametrize("stop_at", [82, 100, 150])  # in epoch 1; where epoch 1 ends; where the last epoch ends
 def test_a_tf_data_pipeline_that_reshuffles_resumes_from_its_saved_iterator_state(stop_at, tmp_path, capfd):
     """The checkpoint holds the tf.data iterator's state as the epoch's pass began: a resumed run sees the shuffle

@@ -339,7 +339,10 @@ class Checkpoint(KfitCallback):
     def _training_ends(self, clock: Clock) -> bool:
         if self._model.stop_training:
             return True
-        return bool(clock.epoch_size) and self.training_run.bound_reached() is not None
+        run = self.training_run
+        if not clock.epoch_size:  # a source whose epoch length is not known yet: only max_samples ends it here
+            return run.max_samples is not None and clock.samples >= run.max_samples
+        return run.bound_reached() is not None
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._raise_swallowed_interrupt()
