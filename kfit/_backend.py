@@ -361,6 +361,38 @@ def torch_data_loader(adapter: Any) -> Any:
     return adapter.get_torch_dataloader() if type(adapter).__name__ == "TorchDataLoaderAdapter" else None
 
 
+def fit_reads_past_a_pass(adapter: Any) -> bool:
+    """True when ``model.fit``'s own loop over ``adapter`` (Keras's adapter for the source) asks an epoch's pass for a
+    batch after its last one (ending the pass: a shuffling torch sampler then draws from its generator once more).
+    TensorFlow: yes (``tf.data``'s injected prefetching reads ahead of the steps). PyTorch: no (Keras iterates the
+    ``DataLoader`` itself, one batch a step). JAX: when ``JAXEpochIterator._get_iterator`` reads a batch ahead
+    (Keras 3.10: two ahead; 3.11-3.13: two ahead unless the adapter has ``builtin_prefetch``, a ``DataLoader`` with
+    workers; 3.14: one ahead; 3.15: one ahead except on CPU; never under a ``keras.distribution``), asked of the
+    class itself over a pass of one batch. Keras internal, checked against Keras 3.10-3.15."""
+    if BACKEND != "jax":
+        return BACKEND == "tensorflow"
+    import copy
+
+    from keras.src.backend.jax.trainer import JAXEpochIterator
+
+    asked = []
+
+    def one_batch() -> Any:
+        asked.append(1)
+        yield (np.zeros((1, 1), np.float32),)
+        asked.append(1)
+
+    reader = copy.copy(adapter)
+    reader.get_jax_iterator = one_batch
+    probe = JAXEpochIterator.__new__(JAXEpochIterator)
+    probe.data_adapter = reader
+    try:
+        next(iter(probe._get_iterator()))
+    except Exception:  # noqa: BLE001 -- an unknown loop: taken as reading ahead (kfit's own reader does)
+        return True
+    return len(asked) > 1
+
+
 def declare_epoch_steps(steps: int) -> None:
     """Tells the ``EpochIterator`` of the running ``model.fit`` how many steps the epoch beginning now holds.
 

@@ -441,22 +441,53 @@ def shuffling_loader(own_generator: bool, batch_size=8):
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=generator)
 
 
-@pytest.mark.parametrize("stop_at", [80, 100])  # in epoch 2 (the step that reaches it ends at 82); at its end
+@pytest.mark.parametrize("built", [False, True], ids=["unbuilt", "built"])
+@pytest.mark.parametrize("batch_size", [8, 10])  # a pass of 7 steps, the last of 2 samples; one of 5 whole steps
 @pytest.mark.parametrize("own_generator", [False, True], ids=["torch_default_generator", "own_generator"])
-def test_a_shuffling_dataloader_resumes_exactly_from_its_saved_random_states(own_generator, stop_at, tmp_path, capfd):
+def test_a_shuffling_dataloader_trains_in_model_fits_order(own_generator, batch_size, built):
+    """kfit.fit draws each pass of a DataLoader(shuffle=True) from torch's generators as model.fit's own loop does
+    (its passes, Keras's spec inference and the unread pass at each epoch's end; no draw of its own for its first
+    batch, nor past a pass's last batch where model.fit's loop reads no further): the same batches, in the same
+    order, epoch after epoch."""
+    results = []
+    for loop in ("model.fit", "kfit.fit"):
+        model = compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9))
+        if built:  # its loss built: model.fit reads no first batch before its first epoch
+            model.evaluate(X[:8], Y[:8], verbose=0)
+        loader = shuffling_loader(own_generator, batch_size)
+        if loop == "model.fit":
+            history = model.fit(loader, epochs=4, verbose=0)
+        else:
+            history = kfit.fit(model, loader, epochs=4, seed=0, verbose=0)
+        results.append((weights(model), history.history["loss"]))
+    (w_keras, loss_keras), (w_kfit, loss_kfit) = results
+    assert loss_kfit == loss_keras
+    for a, b in zip(w_keras, w_kfit):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(("batch_size", "stop_at", "restored_at"), [
+    (8, 80, 82),  # in epoch 2 (the step that reaches it ends at 82)
+    (8, 100, 100),  # at its end
+    (10, 80, 80),  # in epoch 2, of a pass of whole steps
+    (10, 100, 100),  # at its end
+])
+@pytest.mark.parametrize("own_generator", [False, True], ids=["torch_default_generator", "own_generator"])
+def test_a_shuffling_dataloader_resumes_exactly_from_its_saved_random_states(own_generator, batch_size, stop_at,
+                                                                             restored_at, tmp_path, capfd):
     """A DataLoader(shuffle=True) draws each pass's order from torch's generators as the pass begins: the checkpoint
     holds their states, so the resumed epoch reads the interrupted one's order, and the epochs after it theirs."""
     reference = compiled(mlp())
-    kfit.fit(reference, shuffling_loader(own_generator), epochs=4, verbose=0,
+    kfit.fit(reference, shuffling_loader(own_generator, batch_size), epochs=4, verbose=0,
              callbacks=[kfit.callbacks.Checkpoint(tmp_path / "reference.ckpt", frequency=1000)])
 
     path = tmp_path / "run.ckpt"
-    kfit.fit(compiled(mlp()), shuffling_loader(own_generator), epochs=4, max_samples=stop_at, verbose=0,
+    kfit.fit(compiled(mlp()), shuffling_loader(own_generator, batch_size), epochs=4, max_samples=stop_at, verbose=0,
              callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)])
     resumed = compiled(mlp())
     checkpoint = kfit.callbacks.Checkpoint(path, frequency=1000)
-    kfit.fit(resumed, shuffling_loader(own_generator), epochs=4, verbose=0, callbacks=[checkpoint])
-    assert checkpoint.restored_from.samples == (82 if stop_at == 80 else 100)
+    kfit.fit(resumed, shuffling_loader(own_generator, batch_size), epochs=4, verbose=0, callbacks=[checkpoint])
+    assert checkpoint.restored_from.samples == restored_at
     err = capfd.readouterr().err
     assert f"the DataLoader source restarts epoch {2 if stop_at == 80 else 3} from the states of the random" in err, err
     for a, b in zip(weights(reference), weights(resumed)):

@@ -147,6 +147,14 @@ class SourceAdapter(_backend.DataAdapter):
         #: generators the last pass opened drew from as it began (see :func:`_loader_generators`).
         self._loader = _backend.torch_data_loader(inner)
         self._saves_draws = save_passes and self._loader is not None and not self.continues
+        #: A DataLoader pass is read no further than its length where model.fit's own loop reads no further
+        #: (:func:`_backend.fit_reads_past_a_pass`): a batch asked for after the last ends the pass, and its sampler
+        #: then draws once more from its generator, which model.fit's next pass would not see.
+        self._reads_to_length = (self._loader is not None and not self.continues
+                                 and not _backend.fit_reads_past_a_pass(inner))
+        #: The loader's generators' states as the epoch's pass ended, before the unread pass Keras's PyTorch loop
+        #: makes at an epoch's end drew from them (see :meth:`_draw_unread_loader_pass`).
+        self._pass_end_states: list | None = None
         #: The kind of state :meth:`get_state` returns (a checkpoint restores it only into the same kind), and what
         #: it holds, for the resume line.
         self.state_kind, self.saved_state = (
@@ -324,10 +332,14 @@ class SourceAdapter(_backend.DataAdapter):
         to the checkpoint's state on the PyTorch backend (dropout draws from it), and otherwise every generator goes
         on from those draws, as in the uninterrupted run."""
         generators = _loader_generators(self._loader)
+        self._pass_end_states = None
         if reopen is not None:
             saved, ended = reopen
             if ended:
                 _set_generator_states(generators, saved["now"])
+                if _backend.BACKEND == "torch" and self.inner.num_batches:
+                    # Made by Keras's loop at the end of the saved pass's epoch, as its last step had run.
+                    iter(self._loader)
             else:
                 restored = generators[0].get_state() if _backend.BACKEND == "torch" else None
                 _set_generator_states(generators, saved["start"])
@@ -339,6 +351,14 @@ class SourceAdapter(_backend.DataAdapter):
                 return iterator if first is _END else itertools.chain([first], iterator)
         self._pass_state = _generator_states(generators)
         return iter(self._passes())
+
+    def _draw_unread_loader_pass(self) -> None:
+        # Keras's PyTorch loop makes the next epoch's DataLoader iterator as soon as an epoch's last step has run, and
+        # never reads it (the next epoch makes another): that draws the workers' base seed from the loader's generator.
+        # kfit makes it too, so that a shuffling loader trains in model.fit's order; a checkpoint keeps the states from
+        # before it (the pass's end), and a run resumed at that epoch's end makes it again (:meth:`_new_loader_pass`).
+        self._pass_end_states = _generator_states(_loader_generators(self._loader))
+        iter(self._loader)
 
     def _read_as(self, iterator: Iterator[Any], method: str) -> Iterator[Any]:
         """``iterator``, over the tf.data pipeline, read in the form Keras's ``inner.<method>()`` gives (its own
@@ -353,8 +373,9 @@ class SourceAdapter(_backend.DataAdapter):
         if self._pass_state is None:
             return None
         if self._saves_draws:
+            now = self._pass_end_states
             return {"kind": "DataLoader", "generators": list(self._pass_state),
-                    "now": _generator_states(_loader_generators(self._loader))}
+                    "now": now if now is not None else _generator_states(_loader_generators(self._loader))}
         return {"kind": "tf.data", "iterator": self._pass_state} if self._saves_passes else None
 
     def set_state(self, state: dict[str, Any] | None) -> None:
@@ -406,6 +427,8 @@ class SourceAdapter(_backend.DataAdapter):
             # Keras asks for the next epoch's pass as soon as an epoch's last step has run, and again when that epoch
             # begins (JAX, PyTorch): opened only if read, as Keras's own adapter makes its dataset's iterator only
             # when it is read (a new tf.data iterator draws the pipeline's next shuffle seed).
+            if self._loader is not None and _backend.BACKEND == "torch":
+                self._draw_unread_loader_pass()
             return _Deferred(lambda: self._open(passes, now=True))
         if passes != self._passes:
             self._passes, self._underlying = passes, None
@@ -423,11 +446,13 @@ class SourceAdapter(_backend.DataAdapter):
         elif skipped and not self.continues and self.inner.num_batches:
             self._steps_left = self.inner.num_batches - dropped_batches
         self._resumed_pass = self._resumed_pass or bool(skipped and not self.continues) or limit is not None
-        self._current = _ReadAhead(self._underlying, limit)
-        if skipped and self.restarts and self._current.exhausted and not self._current.sizes:
+        length = self.inner.num_batches if self._reads_to_length else None
+        self._current = _ReadAhead(self._underlying, limit if length is None else length - dropped_batches)
+        if skipped and self.restarts and (self._current.exhausted or length == dropped_batches) \
+                and not self._current.sizes:
             # The samples dropped ended a pass: the resumed epoch begins with the next pass, as it did.
             self._new_pass()
-            self._current = _ReadAhead(self._underlying, limit)
+            self._current = _ReadAhead(self._underlying, limit if length is None else length)
         # A step planned from the previous pass and not yet counted (Keras opens the next epoch's pass as soon
         # as the last step of an epoch has run) is not this pass's first step.
         driver = self.driver
@@ -444,7 +469,13 @@ class SourceAdapter(_backend.DataAdapter):
                 pipeline (drawing its next shuffle seed) that ``model.fit`` would not make.
         """
         if draws or not self._tf_data:
+            generators = None if draws or self._loader is None else _loader_generators(self._loader)
+            states = None if generators is None else _generator_states(generators)
             first = next(iter(self.inner.get_numpy_iterator()))
+            if states is not None:
+                # model.fit reads no batch before its first epoch here: the pass this read began leaves the loader's
+                # random generators where they were (its base seed and shuffle order were drawn from them).
+                _set_generator_states(generators, states)
         else:
             iterator = iter(self.inner.get_tf_dataset())
             state = _backend.tf_iterator_state(iterator) if self._saves_passes else None
