@@ -234,13 +234,15 @@ class SourceAdapter(_backend.DataAdapter):
         # makes it too, so that a reshuffling pipeline trains in model.fit's order.
         iter(self.inner.get_tf_dataset())
 
-    def learn_epoch_size(self, clock: Any) -> None:
-        """A source read from its start at every epoch: an epoch is one pass, whose samples the clock learns once the
-        first pass's last step is counted. A source that knows its number of batches tells it at that step, so that a
-        checkpoint written there (``max_samples``, a save interval) holds a finished epoch, not one 96 samples in;
-        another tells it when Keras ends the epoch (``_RunControl.on_epoch_end``)."""
-        if (clock.epoch_size is None and clock.samples and not self.continues and self.inner.num_batches
-                and clock.minibatches == self.inner.num_batches):
+    def learn_epoch_size(self, clock: Any, epoch_ended: bool = False) -> None:
+        """Tells the clock the samples of an epoch once the first epoch's last step is counted: when Keras ends that
+        epoch (``epoch_ended``), or already at that step for a source read from its start at every epoch whose number
+        of batches Keras's adapter knows (its epoch is one pass), so that a checkpoint written there (``max_samples``,
+        a save interval) holds a finished epoch, not one 96 samples in."""
+        if clock.epoch_size is not None or not clock.samples:
+            return
+        if epoch_ended or (not self.continues and self.inner.num_batches
+                           and clock.minibatches == self.inner.num_batches):
             clock.epoch_size = clock.samples
 
     @property
@@ -574,4 +576,5 @@ class SourceDriver(StepDriver):
             return  # Keras asked for a step, and the pass had ended: nothing was trained
         clock.advance(actual or sizes[0])
         self.adapter.steps += 1
-        self.adapter.learn_epoch_size(clock)
+        if clock.epoch_size is None:  # (the first epoch only: this runs at every step)
+            self.adapter.learn_epoch_size(clock)

@@ -421,8 +421,7 @@ class _RunControl(keras.callbacks.Callback):
         clock = self.fit.clock
         if self.fit.source is not None and clock.epoch_size is None:
             self.fit.run.flush()
-            if clock.samples:
-                clock.epoch_size = clock.samples  # a source's epoch is one pass: now its length is known
+            self.fit.source.learn_epoch_size(clock, epoch_ended=True)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         # (after the on_epoch_begin of every callback of the default order)
