@@ -69,6 +69,16 @@ SOURCES = {
 }
 
 
+UNKNOWN_CARDINALITY = "tf.data of unknown cardinality"
+#: Sources read from their start at every epoch; the last two' length Keras's adapter does not know.
+SOURCES_OF_ONE_PASS = {
+    "DataLoader": SOURCES["DataLoader"],
+    "tf.data": SOURCES["tf.data"],
+    "grain": SOURCES["grain"],
+    UNKNOWN_CARDINALITY: (lambda batch_size=8: tf_dataset(batch_size).filter(lambda x, y: True), {}),
+}
+
+
 @pytest.mark.parametrize("kind", sorted(SOURCES))
 def test_a_source_trains_as_under_model_fit_and_the_clock_counts_its_samples(kind):
     make, options = SOURCES[kind]
@@ -121,17 +131,19 @@ def test_a_source_resumes_by_skipping_ahead_to_the_uninterrupted_run(kind, tmp_p
 
 
 @pytest.mark.parametrize(("kind", "stop_at", "frequency"), [
-    *((kind, 50, 10) for kind in ("DataLoader", "tf.data")),  # the first pass's end, saved at every step
-    *((kind, 20, 1000) for kind in ("DataLoader", "tf.data", "grain")),  # inside it, saved when it stops
-])  # (Keras's adapter does not tell the length of a Grain dataset: see the README)
+    *((kind, 50, 10) for kind in SOURCES_OF_ONE_PASS),  # the first pass's end, saved at every step
+    *((kind, 20, 1000) for kind in SOURCES_OF_ONE_PASS),  # inside it, saved when it stops
+])
 def test_a_run_stopped_in_or_at_the_end_of_the_first_pass_resumes_to_the_uninterrupted_run(kind, stop_at, frequency,
                                                                                            tmp_path):
     """Before the first pass ends kfit does not know a source's epoch length. A run stopped at the first pass's last
     step (of a pass of whole minibatches: 5 of 10) was saved as "epoch 1, 50 samples in": the resumed run trained a
-    whole epoch more (the optimizer 5 steps ahead). A run stopped inside it was saved without marking its partial epoch: the resumed run's history held
-    epoch 0 twice. A source that knows its number of batches now tells the clock its epoch length at the pass's last
-    step, and a stop at ``max_samples`` inside the first pass is saved as a partial epoch."""
-    make, options = SOURCES[kind]
+    whole epoch more (the optimizer 5 steps ahead). A run stopped inside it was saved without marking its partial
+    epoch: the resumed run's history held epoch 0 twice. The clock now learns the epoch length at the pass's last step
+    (from the source's number of batches, or where Keras's adapter does not know it, a Grain dataset or a tf.data
+    pipeline of unknown cardinality, from kfit's reader, one batch ahead, finding the pass ended), and a stop at
+    ``max_samples`` inside the first pass is saved as a partial epoch."""
+    make, options = SOURCES_OF_ONE_PASS[kind]
     reference = compiled(mlp())
     expected = kfit.fit(reference, make(10), epochs=3, seed=0, verbose=0, **options)
     path = tmp_path / "run.ckpt"
@@ -143,7 +155,11 @@ def test_a_run_stopped_in_or_at_the_end_of_the_first_pass_resumes_to_the_uninter
     assert checkpoint.restored_from.samples == stop_at
     for a, b in zip(weights(reference), weights(resumed)):
         np.testing.assert_array_equal(a, b)
-    assert int(resumed.optimizer.iterations) == int(reference.optimizer.iterations)
+    # Keras's TensorFlow loop counts an optimizer iteration more as it finds a pass of unknown length ended (6 for an
+    # epoch of 5 steps, under model.fit too), after the step a checkpoint at the pass's end is written at: the resumed
+    # run does not count it again (the README says so).
+    missed = int(stop_at == 50 and keras.backend.backend() == "tensorflow" and kind in ("grain", UNKNOWN_CARDINALITY))
+    assert int(resumed.optimizer.iterations) == int(reference.optimizer.iterations) - missed
     assert history.epoch == expected.epoch == [0, 1, 2]
     np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-6)
 

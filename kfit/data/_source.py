@@ -47,14 +47,19 @@ def batch_size_of(batch: Any) -> int:
 
 class _ReadAhead:
     """Iterates ``source`` one batch ahead, recording the size of every batch it has read; ends after
-    ``limit`` batches when one is given."""
+    ``limit`` batches when one is given. ``hold(index)`` True: the batch of that index (from 0) is not read ahead,
+    only when :meth:`release` is called or it is asked for."""
 
-    def __init__(self, source: Iterator[Any], limit: int | None = None):
+    def __init__(self, source: Iterator[Any], limit: int | None = None,
+                 hold: Callable[[int], bool] | None = None):
         self._source = source
         self._limit = limit
+        self._hold = hold
         self.sizes: list[int] = []
         self._next: Any = None
         self.done = False
+        #: The next batch is held back (see ``hold``).
+        self.held = False
         #: True when the source itself ended (not the limit).
         self.exhausted = False
         self._advance()
@@ -63,6 +68,18 @@ class _ReadAhead:
         if self._limit is not None and len(self.sizes) >= self._limit:
             self.done, self._next = True, None
             return
+        if self._hold is not None and self._hold(len(self.sizes)):
+            self.held, self._next = True, None
+            return
+        self._read()
+
+    def release(self) -> None:
+        """Reads the batch held back, if one is."""
+        if self.held:
+            self.held = False
+            self._read()
+
+    def _read(self) -> None:
         try:
             batch = next(self._source)
         except StopIteration:
@@ -75,6 +92,7 @@ class _ReadAhead:
         return self
 
     def __next__(self) -> Any:
+        self.release()
         if self.done:
             raise StopIteration
         batch = self._next
@@ -137,6 +155,14 @@ class SourceAdapter(_backend.DataAdapter):
         self._prepared: _ReadAhead | None = None
         #: Steps counted since training began (kept by the driver).
         self.steps = 0
+        #: The clock's minibatches when this ``fit`` call began (a resumed run's), for Keras's epochs (:meth:`position`).
+        self.first_step = 0
+        #: Read on across epochs, a batch is not read ahead across the end of an epoch where ``model.fit``'s own loop does
+        #: not read it before the next epoch's callbacks' ``on_epoch_begin`` (JAX, PyTorch; on TensorFlow Keras's
+        #: prefetch reads it): a callback that changes a generator's state as an epoch begins (a curriculum) then sees
+        #: the epoch's batches made after it, as in ``model.fit``. The batch is read when Keras begins the epoch.
+        self._holds_epoch_ends = self.continues and steps_per_epoch is not None and _backend.BACKEND != "tensorflow"
+        self._beginning_epoch = False  # in :meth:`on_epoch_begin`
         self.driver: SourceDriver | None = None
         #: A tf.data pipeline read from its start at every epoch: a checkpoint saves the state its iterator had
         #: when the last pass opened began (not when TensorFlow cannot save the pipeline).
@@ -199,6 +225,8 @@ class SourceAdapter(_backend.DataAdapter):
     def on_epoch_begin(self) -> None:
         self.inner.on_epoch_begin()
         current = self._current
+        if current is not None:
+            current.release()  # (the epoch's first batch, held back at the last one's end: the clock sizes its step)
         if self._resumed_pass:
             # The epoch a run resumed in was cut short by kfit (the samples dropped, or the steps it had left):
             # Keras must not take its length for the source's.
@@ -213,7 +241,11 @@ class SourceAdapter(_backend.DataAdapter):
         if self._current is None:
             # Opened now, not when Keras first reads it (TensorFlow reads lazily, inside the first step): its first
             # batch is then read before that step begins, so the clock knows the step's size in time.
-            self._prepared = self._open(self._passes)
+            self._beginning_epoch = True
+            try:
+                self._prepared = self._open(self._passes)
+            finally:
+                self._beginning_epoch = False
         if self._steps_left is not None:
             # The epoch a run resumes in holds only the steps it had left: Keras is told, so that it does not try
             # one more step on the source that has run dry (on TensorFlow such a try still advances the layers'
@@ -236,13 +268,17 @@ class SourceAdapter(_backend.DataAdapter):
 
     def learn_epoch_size(self, clock: Any, epoch_ended: bool = False) -> None:
         """Tells the clock the samples of an epoch once the first epoch's last step is counted: when Keras ends that
-        epoch (``epoch_ended``), or already at that step for a source read from its start at every epoch whose number
-        of batches Keras's adapter knows (its epoch is one pass), so that a checkpoint written there (``max_samples``,
-        a save interval) holds a finished epoch, not one 96 samples in."""
+        epoch (``epoch_ended``), or already at that step for a source read from its start at every epoch (its epoch is
+        one pass) whose number of batches Keras's adapter knows, or whose pass kfit's reader, one batch ahead, found
+        ended, so that a checkpoint written there (``max_samples``, a save interval) holds a finished epoch, not one
+        96 samples in."""
         if clock.epoch_size is not None or not clock.samples:
             return
-        if epoch_ended or (not self.continues and self.inner.num_batches
-                           and clock.minibatches == self.inner.num_batches):
+        current = self._current
+        pass_ended = (current is not None and current.exhausted
+                      and self.steps - self._steps_at_open >= len(current.sizes))
+        if epoch_ended or (not self.continues and (pass_ended or self.inner.num_batches
+                                                   and clock.minibatches == self.inner.num_batches)):
             clock.epoch_size = clock.samples
 
     @property
@@ -307,7 +343,10 @@ class SourceAdapter(_backend.DataAdapter):
             self._underlying = self._new_loader_pass(reopen)
             return
         elif not self._saves_passes:
-            self._underlying = iter(self._passes())
+            if not self.restarts and self._passes == self.inner.get_tf_dataset:  # a generator on TensorFlow
+                self._underlying = iter(_backend.generator_dataset_read_as_fit_reads(self.inner))
+            else:
+                self._underlying = iter(self._passes())
             return
         else:
             # kfit makes the pass's tf.data iterator itself (to save its state, or to put a saved one in) and reads it
@@ -448,18 +487,30 @@ class SourceAdapter(_backend.DataAdapter):
         elif skipped and not self.continues and self.inner.num_batches:
             self._steps_left = self.inner.num_batches - dropped_batches
         self._resumed_pass = self._resumed_pass or bool(skipped and not self.continues) or limit is not None
-        length = self.inner.num_batches if self._reads_to_length else None
-        self._current = _ReadAhead(self._underlying, limit if length is None else length - dropped_batches)
-        if skipped and self.restarts and (self._current.exhausted or length == dropped_batches) \
-                and not self._current.sizes:
-            # The samples dropped ended a pass: the resumed epoch begins with the next pass, as it did.
-            self._new_pass()
-            self._current = _ReadAhead(self._underlying, limit if length is None else length)
         # A step planned from the previous pass and not yet counted (Keras opens the next epoch's pass as soon
         # as the last step of an epoch has run) is not this pass's first step.
         driver = self.driver
         self._steps_at_open = self.steps + int(driver is not None and driver.pending is not None and driver.pending_known)
+        length = self.inner.num_batches if self._reads_to_length else None
+        hold = self._epoch_begins_at if self._holds_epoch_ends else None
+        self._current = _ReadAhead(self._underlying, limit if length is None else length - dropped_batches, hold)
+        if skipped and self.restarts and (self._current.exhausted or length == dropped_batches) \
+                and not self._current.sizes:
+            # The samples dropped ended a pass: the resumed epoch begins with the next pass, as it did.
+            self._new_pass()
+            self._current = _ReadAhead(self._underlying, limit if length is None else length, hold)
         return self._current
+
+    def _epoch_begins_at(self, index: int) -> bool:
+        """True when the batch ``index`` of the pass now open (its first: 0) is the first step of one of Keras's
+        epochs that has not begun (Keras opens a pass as an epoch begins, or as soon as the last step of the epoch
+        before has run)."""
+        if index == 0 and self._beginning_epoch:
+            return False
+        step = self.first_step + self._steps_at_open + index
+        if index > 0 and self.inner.num_batches and step % self.inner.num_batches == 0:
+            return False  # past the pass's end: reading finds it ended (Keras opens the next pass as the epoch ends)
+        return self.position(step)[1] == 0
 
     def peek(self, draws: bool) -> Any:
         """The source's first batch as NumPy arrays (for kfit to build the model and size the first step).
@@ -519,8 +570,16 @@ class SourceAdapter(_backend.DataAdapter):
             own = self.inner.get_tf_dataset()
             self._signature = (own.element_spec, own.options())
         spec, options = self._signature
-        return tf.data.Dataset.from_generator(lambda: self._open(self.inner.get_tf_dataset),
-                                              output_signature=spec).with_options(options)
+        dataset = tf.data.Dataset.from_generator(lambda: self._open(self.inner.get_tf_dataset),
+                                                 output_signature=spec).with_options(options)
+        if not self.restarts:
+            # A generator: read one batch ahead by kfit (_ReadAhead), as model.fit's own prefetch reads it; no
+            # prefetch that tf.data's optimizations would inject reads further (see
+            # _backend.generator_dataset_read_as_fit_reads).
+            no_prefetch = tf.data.Options()
+            no_prefetch.experimental_optimization.inject_prefetch = False
+            dataset = dataset.with_options(no_prefetch)
+        return dataset
 
 
 _END = object()

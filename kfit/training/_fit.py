@@ -388,6 +388,7 @@ class _RunControl(keras.callbacks.Callback):
             _backend.set_initial_epoch(fit.model, fit.options.initial_epoch)
             return False
         source = fit.source
+        source.first_step = clock.minibatches
         source.learn_epoch_size(clock)  # (a checkpoint written at the first pass's last step before kfit learned it)
         if source.continues and source.steps_per_epoch:
             epoch, steps_in_epoch = source.position(clock.minibatches)  # Keras's epochs, whatever their sizes
