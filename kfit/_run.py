@@ -123,6 +123,9 @@ class Run:
     compile_ahead: Any = None
     #: Training has begun (``on_train_begin``): a callback handed the model again belongs to a new run.
     begun: bool = False
+    #: kfit itself set ``model.stop_training`` at ``max_samples`` (on a source that batches by itself), no callback
+    #: before it (see ``kfit.checkpoint._run_status.status``).
+    stopped_at_bound: bool = False
 
     @property
     def kfit_fit(self) -> bool:

@@ -295,3 +295,36 @@ def test_a_run_continued_from_one_stopped_inside_an_epoch_has_the_uninterrupted_
     continued, history = run()
     assert history.epoch == [0, 1, 2] and history.history == expected.history
     assert_same_weights(continued, reference)
+
+
+@pytest.mark.parametrize("source", ["arrays", "tf.data"])
+@pytest.mark.parametrize("stopper", ["keras EarlyStopping", "a plain callback"])
+def test_a_callbacks_stop_at_the_step_max_samples_is_reached_stays_a_stop(source, stopper, tmp_path):
+    """A callback stopped the run at the very step where ``max_samples`` was reached: the checkpoint said "complete
+    (reached max_samples=128)", and the rerun without ``max_samples`` went on to the new end (epochs 0-2, weights 0.08
+    off), where the uninterrupted run had stopped there. Now it is recorded as the callback's stop."""
+    import tensorflow as tf
+
+    def run(path, max_samples=None):
+        model = make_model()
+        counter = StepCounter()
+        if stopper == "keras EarlyStopping":  # the loss cannot improve by 10: stops after epoch index 1
+            stopping = keras.callbacks.EarlyStopping(monitor="loss", min_delta=10, patience=1)
+        else:
+            stopping = StopAtStep(8)
+        data = (X, Y) if source == "arrays" else (tf.data.Dataset.from_tensor_slices((X, Y)).batch(16),)
+        options = {"batch_size": 16} if source == "arrays" else {}
+        history = kfit.fit(model, *data, epochs=6, seed=0, verbose=0, max_samples=max_samples, **options,
+                           callbacks=[stopping, kfit.callbacks.Checkpoint(path), counter])
+        return model, history, counter
+
+    uninterrupted, expected, _ = run(str(tmp_path / "once.ckpt"))
+    assert expected.epoch == [0, 1]
+    path = str(tmp_path / "twice.ckpt")
+    run(path, max_samples=128)
+    info = read_checkpoint_info(path)
+    assert info.status == "stopped", info.status_text()
+    resumed, history, counter = run(path)
+    assert counter.steps == 0
+    assert history.epoch == expected.epoch
+    assert_same_weights(uninterrupted, resumed)

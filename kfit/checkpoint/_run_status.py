@@ -36,16 +36,24 @@ def _stop_reason(model: Any, callbacks: list, clock: Any) -> str:
                 name = getattr(function, "__name__", type(function).__name__)
                 index = int(results[-1].get("val_index", len(results) - 1))
                 return f"stopped by the cross-validation callback {name}, which returned False at val_index {index}"
-    return "stopped by a callback (model.stop_training = True)"
+    return _UNRECORDED_STOP
+
+
+_UNRECORDED_STOP = "stopped by a callback (model.stop_training = True)"
 
 
 def status(run: Any, params: dict | None, epochs_done: int, interrupted: bool) -> dict[str, Any]:
     """``{"status": "running" | "complete" | "stopped", "reason": ...}`` for a checkpoint of ``run`` written now."""
     reached = run.loop.bound_reached(run, params, epochs_done)
-    if reached is not None and not interrupted:  # (a source that batches itself stops at max_samples this way)
-        return {"status": "complete", "reason": reached}
     if run.model.stop_training and not interrupted:
-        return {"status": "stopped", "reason": _stop_reason(run.model, run.callbacks, run.clock)}
+        reason = _stop_reason(run.model, run.callbacks, run.clock)
+        # A callback's stop at the step a bound is reached too is a stop (a resumed run with a higher bound must not
+        # go on past it, as the uninterrupted run did not), unless kfit's own stop at max_samples on a source that
+        # batches by itself set the flag first and no callback records a stop of its own.
+        if reached is None or not (run.stopped_at_bound and reason == _UNRECORDED_STOP):
+            return {"status": "stopped", "reason": reason}
+    if reached is not None and not interrupted:
+        return {"status": "complete", "reason": reached}
     return {"status": "running", "reason": None}
 
 

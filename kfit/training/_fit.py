@@ -463,8 +463,8 @@ class _StopAtSamples(_CountStep):
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self.run.flush()
-        if self.run.clock.samples >= self.run.max_samples:
-            self.model.stop_training = True
+        if self.run.clock.samples >= self.run.max_samples and not self.model.stop_training:
+            self.model.stop_training = self.run.stopped_at_bound = True
 
 
 class _AgreedStop(keras.callbacks.Callback):
