@@ -1061,3 +1061,34 @@ def test_a_callback_that_changes_a_generator_as_each_epoch_begins_trains_as_in_m
     assert_same_weights(looped, resumed)
     np.testing.assert_allclose(resumed_history.history["loss"], history.history["loss"], rtol=1e-6)
 
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="string tensors are TensorFlow's (README)")
+def test_validation_split_of_a_string_tensor_trains_as_in_model_fit():
+    """``validation_split`` on a ``tf.string`` tensor (a model that vectorizes text itself): kfit converted the tensor
+    to NumPy before it split it, and Keras's adapter refused the validation part, a NumPy object array ("Invalid dtype:
+    object"), where model.fit trains. Now it is split as given: the same weights and history as model.fit's, also on
+    kfit's route through Keras's own adapter (``steps_per_epoch``)."""
+    import tensorflow as tf
+
+    words = ["red", "green", "blue", "cyan"]
+    rows = np.random.default_rng(0).integers(0, 4, size=(64, 2))
+    x = tf.constant([[" ".join(words[i] for i in row)] for row in rows])
+    y = (rows[:, :1] % 2).astype("float32")
+
+    def train(loop, **options):
+        keras.utils.set_random_seed(6)
+        inputs = keras.Input((1,), dtype="string")
+        hot = keras.layers.TextVectorization(vocabulary=words, output_mode="multi_hot")(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(hot))
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy")
+        fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+        history = fit(x, y, batch_size=16, epochs=2, shuffle=False, validation_split=0.25, verbose=0, **options)
+        return model, history
+
+    for options in ({}, {"steps_per_epoch": 2}):
+        expected, expected_history = train("model.fit", **options)
+        looped, history = train("kfit.fit", **options)
+        assert_same_weights(expected, looped)
+        assert history.history.keys() == expected_history.history.keys()
+        for key, values in expected_history.history.items():
+            np.testing.assert_allclose(history.history[key], values, rtol=1e-6)

@@ -192,8 +192,8 @@ def fit(
             # Keras's own epochs on arrays: Keras's adapter reads them, as a source that cannot seek.
             seekable = False
             if options.validation_split and validation_data is None:
-                (x, y, sample_weight), validation_data = _split_validation(
-                    to_host(x), to_host(y), to_host(sample_weight), options.validation_split)
+                # (the arrays as given: Keras's adapter reads them, a tf.string tensor too, not a NumPy object array)
+                (x, y, sample_weight), validation_data = _split_validation(x, y, sample_weight, options.validation_split)
             options = dataclasses.replace(options, validation_split=0.0)
     if not seekable:
         _check_source_options(x, options, callbacks)
@@ -564,10 +564,12 @@ class _StreamFit:
                                           rank=distributed.rank(), num_workers=distributed.size())
             self.stream.telling = False  # until the first epoch begins (StreamAdapter(source=...))
         else:
+            if o.validation_split and validation_data is None:
+                # (before to_host: the validation rows keep their type, a tf.string tensor, which Keras's adapter reads
+                # and refuses as a NumPy object array)
+                (x, y, sample_weight), validation_data = _split_validation(x, y, sample_weight, o.validation_split)
             x, y, sample_weight = to_host(x), to_host(y), to_host(sample_weight)
             _check_sample_weight(y, sample_weight)
-            if o.validation_split and validation_data is None:
-                (x, y, sample_weight), validation_data = _split_validation(x, y, sample_weight, o.validation_split)
             self.stream = SampleStream(x, y, sample_weight, shuffle=o.shuffle, seed=o.seed or 0,
                                        rank=distributed.rank(), num_workers=distributed.size())
         # Without a size, Keras's: a PyDataset's own batch size, else 32.
