@@ -771,16 +771,22 @@ def set_tf_iterator_state(iterator: Any, state: np.ndarray) -> None:
     iterator._restore_from_tensors({"_STATE": variant})
 
 
-def generator_dataset_read_as_fit_reads(adapter: Any) -> Any:
-    """The ``tf.data`` dataset of Keras's adapter for a Python generator, read no further ahead than ``model.fit``'s
-    own loop reads it (TensorFlow): Keras's dataset without its ``prefetch(AUTOTUNE)``, and with no prefetch injected
-    by tf.data's optimizations (kfit's reader reads one batch ahead, as that prefetch does in ``model.fit``; with it,
-    a callback that changes the generator's state as an epoch begins would find its batches read two or three ahead).
-    Keras internal (``GeneratorDataAdapter.get_tf_dataset`` ends with ``prefetch``; ``_input_dataset`` is the dataset
-    a tf.data transformation reads), checked against Keras 3.10-3.15 and TensorFlow 2.21."""
+def generator_tf_dataset(adapter: Any, batches: Callable[[], Any]) -> Any:
+    """Keras's own ``tf.data`` dataset for a Python generator (its ``GeneratorDataAdapter``, its conversions: a None
+    part, sparse parts) over ``batches()``, kfit's reader of the generator, read no further ahead than ``model.fit``'s
+    own loop reads it (TensorFlow): without its ``prefetch(AUTOTUNE)``, and with no prefetch injected by tf.data's
+    optimizations (kfit's reader reads one batch ahead, as that prefetch does in ``model.fit``; with it, a callback
+    that changes the generator's state as an epoch begins would find its batches read two or three ahead). Keras
+    internal (the adapter's ``generator`` attribute, read by ``get_tf_dataset``, which ends with ``prefetch``;
+    ``_input_dataset`` is the dataset a tf.data transformation reads), checked against Keras 3.10-3.15 and
+    TensorFlow 2.21."""
+    import copy
+
     import tensorflow as tf
 
-    dataset = adapter.get_tf_dataset()
+    reader = copy.copy(adapter)
+    reader.generator = batches
+    dataset = reader.get_tf_dataset()
     if type(dataset).__name__ == "_PrefetchDataset":
         dataset = dataset._input_dataset
     options = tf.data.Options()

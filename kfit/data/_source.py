@@ -151,6 +151,10 @@ class SourceAdapter(_backend.DataAdapter):
         self._passes: Callable[[], Any] = {
             "tensorflow": inner.get_tf_dataset, "jax": inner.get_jax_iterator, "torch": inner.get_torch_dataloader,
         }.get(_backend.BACKEND, inner.get_numpy_iterator)
+        if _backend.BACKEND == "tensorflow" and not restarts:
+            # A generator on TensorFlow: kfit reads the generator itself, and Keras's own dataset for it converts what
+            # kfit's reader hands on (see get_tf_dataset): one pass through tf.data, as in model.fit.
+            self._passes = inner.generator
         #: The epoch's pass, opened when the epoch began (see :meth:`on_epoch_begin`), until Keras asks for it.
         self._prepared: _ReadAhead | None = None
         #: Steps counted since training began (kept by the driver).
@@ -343,10 +347,7 @@ class SourceAdapter(_backend.DataAdapter):
             self._underlying = self._new_loader_pass(reopen)
             return
         elif not self._saves_passes:
-            if not self.restarts and self._passes == self.inner.get_tf_dataset:  # a generator on TensorFlow
-                self._underlying = iter(_backend.generator_dataset_read_as_fit_reads(self.inner))
-            else:
-                self._underlying = iter(self._passes())
+            self._underlying = iter(self._passes())
             return
         else:
             # kfit makes the pass's tf.data iterator itself (to save its state, or to put a saved one in) and reads it
@@ -564,22 +565,18 @@ class SourceAdapter(_backend.DataAdapter):
     def get_tf_dataset(self) -> Any:
         import tensorflow as tf
 
+        if not self.restarts:
+            # A generator: read by kfit one batch ahead (_ReadAhead), converted by Keras's own dataset for it, with
+            # no prefetch (see _backend.generator_tf_dataset).
+            return _backend.generator_tf_dataset(self.inner, lambda: self._open(self.inner.generator))
         if self._signature is None:
             # Keras's own dataset for the source says what a batch holds (sparse and nested parts included), and
             # how tf.data may read it (a PyDataset's workers want no tf.data prefetching past an epoch's end).
             own = self.inner.get_tf_dataset()
             self._signature = (own.element_spec, own.options())
         spec, options = self._signature
-        dataset = tf.data.Dataset.from_generator(lambda: self._open(self.inner.get_tf_dataset),
-                                                 output_signature=spec).with_options(options)
-        if not self.restarts:
-            # A generator: read one batch ahead by kfit (_ReadAhead), as model.fit's own prefetch reads it; no
-            # prefetch that tf.data's optimizations would inject reads further (see
-            # _backend.generator_dataset_read_as_fit_reads).
-            no_prefetch = tf.data.Options()
-            no_prefetch.experimental_optimization.inject_prefetch = False
-            dataset = dataset.with_options(no_prefetch)
-        return dataset
+        return tf.data.Dataset.from_generator(lambda: self._open(self.inner.get_tf_dataset),
+                                              output_signature=spec).with_options(options)
 
 
 _END = object()
