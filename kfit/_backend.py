@@ -371,7 +371,6 @@ def fit_reads_past_a_pass(adapter: Any) -> bool:
     class itself over a pass of one batch. Keras internal, checked against Keras 3.10-3.15."""
     if BACKEND != "jax":
         return BACKEND == "tensorflow"
-    import copy
 
     from keras.src.backend.jax.trainer import JAXEpochIterator
 
@@ -382,10 +381,8 @@ def fit_reads_past_a_pass(adapter: Any) -> bool:
         yield (np.zeros((1, 1), np.float32),)
         asked.append(1)
 
-    reader = copy.copy(adapter)
-    reader.get_jax_iterator = one_batch
     probe = JAXEpochIterator.__new__(JAXEpochIterator)
-    probe.data_adapter = reader
+    probe.data_adapter = _adapter_with(adapter, get_jax_iterator=one_batch)
     try:
         next(iter(probe._get_iterator()))
     except Exception:  # noqa: BLE001 -- an unknown loop: taken as reading ahead (kfit's own reader does)
@@ -771,6 +768,16 @@ def set_tf_iterator_state(iterator: Any, state: np.ndarray) -> None:
     iterator._restore_from_tensors({"_STATE": variant})
 
 
+def _adapter_with(adapter: Any, **attributes: Any) -> Any:
+    """A shallow copy of a Keras data adapter with ``attributes`` replaced (what it reads, or how)."""
+    import copy
+
+    reader = copy.copy(adapter)
+    for name, value in attributes.items():
+        setattr(reader, name, value)
+    return reader
+
+
 def generator_tf_dataset(adapter: Any, batches: Callable[[], Any]) -> Any:
     """Keras's own ``tf.data`` dataset for a Python generator (its ``GeneratorDataAdapter``, its conversions: a None
     part, sparse parts) over ``batches()``, kfit's reader of the generator, read no further ahead than ``model.fit``'s
@@ -780,13 +787,9 @@ def generator_tf_dataset(adapter: Any, batches: Callable[[], Any]) -> Any:
     internal (the adapter's ``generator`` attribute, read by ``get_tf_dataset``, which ends with ``prefetch``;
     ``_input_dataset`` is the dataset a tf.data transformation reads), checked against Keras 3.10-3.15 and
     TensorFlow 2.21."""
-    import copy
-
     import tensorflow as tf
 
-    reader = copy.copy(adapter)
-    reader.generator = batches
-    dataset = reader.get_tf_dataset()
+    dataset = _adapter_with(adapter, generator=batches).get_tf_dataset()
     if type(dataset).__name__ == "_PrefetchDataset":
         dataset = dataset._input_dataset
     options = tf.data.Options()
@@ -799,15 +802,11 @@ def keras_pass(adapter: Any, iterator: Any, method: str) -> Any:
     ``get_jax_iterator`` or ``get_torch_dataloader``, with Keras's conversions, sparse ones included) read from
     ``iterator``, an iterator over the adapter's dataset that kfit made (and whose state it saves). Keras internal
     (``TFDatasetAdapter._dataset``, iterated once per pass), checked against Keras 3.10-3.15."""
-    import copy
-
     class _Given:
         def __iter__(self) -> Any:
             return iterator
 
-    reader = copy.copy(adapter)
-    reader._dataset = _Given()
-    return getattr(reader, method)()
+    return getattr(_adapter_with(adapter, _dataset=_Given()), method)()
 
 
 def replace_epoch_dataset(dataset: Any) -> bool:

@@ -92,7 +92,8 @@ class _ReadAhead:
         return self
 
     def __next__(self) -> Any:
-        self.release()
+        if self.held:  # (asked for before the epoch that holds it began)
+            self.release()
         if self.done:
             raise StopIteration
         batch = self._next
@@ -166,7 +167,6 @@ class SourceAdapter(_backend.DataAdapter):
         #: prefetch reads it): a callback that changes a generator's state as an epoch begins (a curriculum) then sees
         #: the epoch's batches made after it, as in ``model.fit``. The batch is read when Keras begins the epoch.
         self._holds_epoch_ends = self.continues and steps_per_epoch is not None and _backend.BACKEND != "tensorflow"
-        self._beginning_epoch = False  # in :meth:`on_epoch_begin`
         self.driver: SourceDriver | None = None
         #: A tf.data pipeline read from its start at every epoch: a checkpoint saves the state its iterator had
         #: when the last pass opened began (not when TensorFlow cannot save the pipeline).
@@ -245,11 +245,7 @@ class SourceAdapter(_backend.DataAdapter):
         if self._current is None:
             # Opened now, not when Keras first reads it (TensorFlow reads lazily, inside the first step): its first
             # batch is then read before that step begins, so the clock knows the step's size in time.
-            self._beginning_epoch = True
-            try:
-                self._prepared = self._open(self._passes)
-            finally:
-                self._beginning_epoch = False
+            self._prepared = self._open(self._passes, beginning=True)
         if self._steps_left is not None:
             # The epoch a run resumes in holds only the steps it had left: Keras is told, so that it does not try
             # one more step on the source that has run dry (on TensorFlow such a try still advances the layers'
@@ -278,9 +274,7 @@ class SourceAdapter(_backend.DataAdapter):
         96 samples in."""
         if clock.epoch_size is not None or not clock.samples:
             return
-        current = self._current
-        pass_ended = (current is not None and current.exhausted
-                      and self.steps - self._steps_at_open >= len(current.sizes))
+        pass_ended = self.ended_before(self.steps) and self._current.exhausted
         if epoch_ended or (not self.continues and (pass_ended or self.inner.num_batches
                                                    and clock.minibatches == self.inner.num_batches)):
             clock.epoch_size = clock.samples
@@ -457,7 +451,7 @@ class SourceAdapter(_backend.DataAdapter):
                 batches = 0
         return batches
 
-    def _open(self, passes: Callable[[], Any], now: bool = False) -> _ReadAhead | _Deferred:
+    def _open(self, passes: Callable[[], Any], now: bool = False, beginning: bool = False) -> _ReadAhead | _Deferred:
         # Keras asks for an iterator at each epoch (or, reading on across epochs, when the last one ended).
         # Batches come from Keras's own adapter in the form this backend's loop reads (its tensors, sparse
         # ones included), so kfit converts nothing.
@@ -493,7 +487,7 @@ class SourceAdapter(_backend.DataAdapter):
         driver = self.driver
         self._steps_at_open = self.steps + int(driver is not None and driver.pending is not None and driver.pending_known)
         length = self.inner.num_batches if self._reads_to_length else None
-        hold = self._epoch_begins_at if self._holds_epoch_ends else None
+        hold = (lambda index: self._epoch_begins_at(index, beginning)) if self._holds_epoch_ends else None
         self._current = _ReadAhead(self._underlying, limit if length is None else length - dropped_batches, hold)
         if skipped and self.restarts and (self._current.exhausted or length == dropped_batches) \
                 and not self._current.sizes:
@@ -502,11 +496,11 @@ class SourceAdapter(_backend.DataAdapter):
             self._current = _ReadAhead(self._underlying, limit if length is None else length, hold)
         return self._current
 
-    def _epoch_begins_at(self, index: int) -> bool:
+    def _epoch_begins_at(self, index: int, beginning: bool) -> bool:
         """True when the batch ``index`` of the pass now open (its first: 0) is the first step of one of Keras's
-        epochs that has not begun (Keras opens a pass as an epoch begins, or as soon as the last step of the epoch
-        before has run)."""
-        if index == 0 and self._beginning_epoch:
+        epochs that has not begun (Keras opens a pass as an epoch begins, ``beginning``, or as soon as the last step
+        of the epoch before has run)."""
+        if index == 0 and beginning:
             return False
         step = self.first_step + self._steps_at_open + index
         if index > 0 and self.inner.num_batches and step % self.inner.num_batches == 0:
