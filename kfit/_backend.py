@@ -797,6 +797,61 @@ def generator_tf_dataset(adapter: Any, batches: Callable[[], Any]) -> Any:
     return dataset.with_options(options)
 
 
+def python_steps_dataset(open_pass: Callable[[], Any], element_spec: Any, steps_per_execution: int) -> Any:
+    """What ``model.fit`` reads on TensorFlow for a source kfit's reader reads (``open_pass()``: an iterator over one
+    pass, of eager tensors), handed to Keras's loop as they are: a ``tf.distribute.DistributedDataset`` whose
+    iterator is a Python iterator, which Keras's compiled train function takes from Python one step at a time
+    (its ``function(iterator)``), with no second ``tf.data`` pipeline between kfit's reader and the step. None
+    under a ``tf.distribute`` strategy other than the default (kfit then hands a ``from_generator`` dataset).
+    Keras internal (``TFEpochIterator`` keeps a ``DistributedDataset`` as it is; the train function runs
+    ``zip(range(steps_per_execution), iterator)`` on an iterator that is neither a ``tf.data`` nor a distributed
+    one; ``catch_stop_iteration`` takes ``tf.errors.OutOfRangeError`` for the pass's end), checked against Keras
+    3.10-3.15 and TensorFlow 2.20-2.21."""
+    import tensorflow as tf
+
+    if tf.distribute.has_strategy():
+        return None
+
+    class _PassEnd(tf.distribute.DistributedDataset):
+        def __iter__(self) -> Any:
+            return _PythonSteps(open_pass(), steps_per_execution)
+
+        @property
+        def element_spec(self) -> Any:
+            return element_spec
+
+    return _PassEnd()
+
+
+class _PythonSteps:
+    """A pass's batches for Keras's TensorFlow train function, read in calls of ``steps_per_execution`` steps: at the
+    pass's end, ``StopIteration`` ends a call that has run steps (its logs are the last step's, as when a
+    ``tf.data`` pass ends inside a call), and ``tf.errors.OutOfRangeError`` tells Keras's loop the epoch's data ended
+    (a ``StopIteration`` there would leave the call with no step and no logs)."""
+
+    def __init__(self, batches: Any, steps_per_execution: int):
+        self._batches = batches
+        self._per_call = steps_per_execution
+        self._handed = 0
+        self._ended_a_call = False
+
+    def __iter__(self) -> _PythonSteps:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            import tensorflow as tf
+
+            if self._handed % self._per_call and not self._ended_a_call:
+                self._ended_a_call = False
+                raise
+            raise tf.errors.OutOfRangeError(None, None, "End of sequence") from None
+        self._handed += 1
+        return batch
+
+
 def keras_pass(adapter: Any, iterator: Any, method: str) -> Any:
     """Keras's own pass over a ``tf.data`` source (``adapter.<method>()``: ``get_numpy_iterator``,
     ``get_jax_iterator`` or ``get_torch_dataloader``, with Keras's conversions, sparse ones included) read from

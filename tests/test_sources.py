@@ -99,6 +99,48 @@ def test_a_source_trains_as_under_model_fit_and_the_clock_counts_its_samples(kin
     assert [s.samples for s in h_kfit.epoch_summaries] == [50] * epochs
 
 
+class _BatchEnds(keras.callbacks.Callback):
+    """Records Keras's batch-end hooks: the step index and the logs each one gets."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen.append((batch, dict(logs or {})))
+
+
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="Keras: steps_per_execution must be 1 with PyTorch")
+@pytest.mark.parametrize("kind", ["tf.data", "endless tf.data", UNKNOWN_CARDINALITY, "DataLoader"])
+def test_a_source_trained_in_calls_of_several_steps_trains_as_under_model_fit(kind):
+    """``compile(steps_per_execution=3)`` on passes of 7 batches (the last call runs one step, of 2 samples) and on an
+    endless pipeline read 6 steps an epoch: the same weights, optimizer iterations (Adam's bias correction counts
+    them), batch hooks with their logs, and History as model.fit's; kfit's clock counts the samples trained."""
+    make, options, samples = {
+        "tf.data": (tf_dataset, {}, 100),
+        "endless tf.data": (lambda: tf_dataset().repeat(), {"steps_per_epoch": 6}, 48 + 2 + 40),
+        UNKNOWN_CARDINALITY: (SOURCES_OF_ONE_PASS[UNKNOWN_CARDINALITY][0], {}, 100),
+        "DataLoader": (torch_loader, {}, 100),
+    }[kind]
+    results = []
+    for loop in ("model.fit", "kfit.fit"):
+        model = mlp()
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", steps_per_execution=3)
+        ends = _BatchEnds()
+        if loop == "model.fit":
+            history = model.fit(make(), epochs=2, verbose=0, callbacks=[ends], **options)
+        else:
+            history = kfit.fit(model, make(), epochs=2, seed=0, verbose=0, callbacks=[ends], **options)
+        results.append((model, history, ends.seen))
+    (keras_model, keras_history, keras_ends), (model, history, ends) = results
+    for a, b in zip(weights(keras_model), weights(model)):
+        np.testing.assert_array_equal(a, b)
+    assert int(model.optimizer.iterations) == int(keras_model.optimizer.iterations)
+    assert ends == keras_ends
+    assert history.history == keras_history.history
+    assert kfit.get_clock(model).samples == samples
+
+
 # An endless generator read with steps_per_epoch (Keras's usual way with generators) resumes exactly; a finite
 # generator trained for one epoch is not claimed exact here (Keras re-yields a generator's peeked first batches
 # when it reopens it).

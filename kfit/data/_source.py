@@ -567,8 +567,18 @@ class SourceAdapter(_backend.DataAdapter):
             # Keras's own dataset for the source says what a batch holds (sparse and nested parts included), and
             # how tf.data may read it (a PyDataset's workers want no tf.data prefetching past an epoch's end).
             own = self.inner.get_tf_dataset()
-            self._signature = (own.element_spec, own.options())
-        spec, options = self._signature
+            endless = int(own.cardinality()) == tf.data.INFINITE_CARDINALITY
+            self._signature = (own.element_spec, own.options(), endless)
+        spec, options, endless = self._signature
+        if self.inner.num_batches or endless:
+            # Handed to the train step from Python as kfit's reader reads them, with no tf.data pipeline between the
+            # two. Not a pass of unknown length: model.fit's loop finds its end by one more call of the train step,
+            # which TensorFlow runs in part (it counts an optimizer iteration and advances the seed generators), and
+            # kfit's reader, one batch ahead, would run no such call.
+            per_call = _backend.steps_per_execution(self.driver.model) if self.driver is not None else 1
+            direct = _backend.python_steps_dataset(lambda: self._open(self.inner.get_tf_dataset), spec, per_call)
+            if direct is not None:
+                return direct
         return tf.data.Dataset.from_generator(lambda: self._open(self.inner.get_tf_dataset),
                                               output_signature=spec).with_options(options)
 
@@ -606,6 +616,8 @@ class SourceDriver(StepDriver):
     def __init__(self, model: Any, adapter: SourceAdapter):
         super().__init__(model)
         self.adapter = adapter
+        #: The steps one call of the train function runs (``steps_per_execution``; fewer where a pass ends).
+        self.per_call = _backend.steps_per_execution(model)
         #: The pending step's size was read from its batch (not assumed).
         self.pending_known = False
         adapter.driver = self
@@ -621,10 +633,20 @@ class SourceDriver(StepDriver):
         return [] if size is None else [size]
 
     def count(self, clock: Any, sizes: list[int]) -> None:
-        actual = self.adapter.size_of_step(self.adapter.steps)
-        if actual is None and self.adapter.ended_before(self.adapter.steps):
+        adapter = self.adapter
+        actual = adapter.size_of_step(adapter.steps)
+        if actual is None and adapter.ended_before(adapter.steps):
             return  # Keras asked for a step, and the pass had ended: nothing was trained
         clock.advance(actual or sizes[0])
-        self.adapter.steps += 1
+        adapter.steps += 1
+        if self.per_call > 1:  # the other steps of the call, up to where the pass ended
+            start = (clock.samples - (actual or sizes[0]), clock.minibatches - 1)
+            for _ in range(self.per_call - 1):
+                size = adapter.size_of_step(adapter.steps)
+                if size is None:
+                    break
+                clock.advance(size)
+                adapter.steps += 1
+            clock.counted_from = start
         if clock.epoch_size is None:  # (the first epoch only: this runs at every step)
             self.adapter.learn_epoch_size(clock)
