@@ -141,6 +141,34 @@ def test_a_source_trained_in_calls_of_several_steps_trains_as_under_model_fit(ki
     assert kfit.get_clock(model).samples == samples
 
 
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="Keras: steps_per_execution must be 1 with PyTorch")
+@pytest.mark.parametrize(("stop_at", "restored_at"), [(40, 48), (56, 74)])  # inside a call; in the call across an epoch's end
+def test_a_source_trained_in_calls_of_several_steps_resumes_to_the_uninterrupted_run(stop_at, restored_at, tmp_path):
+    """``steps_per_execution=3`` on a reshuffling tf.data pipeline: a run stops after the call that reaches
+    ``max_samples`` and resumes from there to the uninterrupted run's weights and optimizer iterations (Adam)."""
+    def reshuffling():
+        return tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(50, seed=3).batch(8)
+
+    def model():
+        m = mlp()
+        m.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", steps_per_execution=3)
+        return m
+
+    reference = model()
+    kfit.fit(reference, reshuffling(), epochs=3, seed=0, verbose=0)
+    path = tmp_path / "run.ckpt"
+    kfit.fit(model(), reshuffling(), epochs=3, seed=0, verbose=0, max_samples=stop_at,
+             callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)])
+    resumed = model()
+    checkpoint = kfit.callbacks.Checkpoint(path, frequency=1000)
+    kfit.fit(resumed, reshuffling(), epochs=3, seed=0, verbose=0, callbacks=[checkpoint])
+    assert checkpoint.restored_from.samples == restored_at
+    assert kfit.get_clock(resumed).samples == 150
+    for a, b in zip(weights(reference), weights(resumed)):
+        np.testing.assert_array_equal(a, b)
+    assert int(resumed.optimizer.iterations) == int(reference.optimizer.iterations) == 21
+
+
 # An endless generator read with steps_per_epoch (Keras's usual way with generators) resumes exactly; a finite
 # generator trained for one epoch is not claimed exact here (Keras re-yields a generator's peeked first batches
 # when it reopens it).
