@@ -845,7 +845,7 @@ class _PythonSteps:
             import tensorflow as tf
 
             if self._handed % self._per_call and not self._ended_a_call:
-                self._ended_a_call = False
+                self._ended_a_call = True
                 raise
             raise tf.errors.OutOfRangeError(None, None, "End of sequence") from None
         self._handed += 1

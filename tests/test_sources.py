@@ -169,6 +169,30 @@ def test_a_source_trained_in_calls_of_several_steps_resumes_to_the_uninterrupted
     assert int(resumed.optimizer.iterations) == int(reference.optimizer.iterations) == 21
 
 
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the TensorFlow train function's Python path")
+def test_kerass_tensorflow_train_function_reads_kfits_reader_in_calls_to_the_passs_end():
+    """What Keras's loop relies on, asked of its own train function (``steps_per_execution=3``) over a pass of 4
+    batches handed by ``_backend.python_steps_dataset``: a call of 3 steps, a call of the last step (its logs), then
+    the pass's end as tf.data says it (OutOfRangeError, which Keras's loop takes for the epoch's end), also when
+    asked again."""
+    from kfit import _backend
+
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", steps_per_execution=3)
+    batches = [(tf.constant(X[i:i + 8]), tf.constant(Y[i:i + 8])) for i in range(0, 32, 8)]
+    spec = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8).element_spec
+    model.make_train_function()
+    iterator = iter(_backend.python_steps_dataset(lambda: iter(batches), spec, 3))
+    model.train_function(iterator)
+    assert int(model.optimizer.iterations) == 3
+    logs = model.train_function(iterator)
+    assert int(model.optimizer.iterations) == 4 and "loss" in logs
+    for _ in range(2):
+        with pytest.raises(tf.errors.OutOfRangeError):
+            model.train_function(iterator)
+    assert int(model.optimizer.iterations) == 4
+
+
 # An endless generator read with steps_per_epoch (Keras's usual way with generators) resumes exactly; a finite
 # generator trained for one epoch is not claimed exact here (Keras re-yields a generator's peeked first batches
 # when it reopens it).
