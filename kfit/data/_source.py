@@ -637,16 +637,14 @@ class SourceDriver(StepDriver):
         actual = adapter.size_of_step(adapter.steps)
         if actual is None and adapter.ended_before(adapter.steps):
             return  # Keras asked for a step, and the pass had ended: nothing was trained
-        clock.advance(actual or sizes[0])
-        adapter.steps += 1
-        if self.per_call > 1:  # the other steps of the call, up to where the pass ended
-            start = (clock.samples - (actual or sizes[0]), clock.minibatches - 1)
-            for _ in range(self.per_call - 1):
-                size = adapter.size_of_step(adapter.steps)
-                if size is None:
-                    break
-                clock.advance(size)
-                adapter.steps += 1
-            clock.counted_from = start
+        if self.per_call == 1:
+            clock.advance(actual or sizes[0])
+            adapter.steps += 1
+        else:  # the steps of the call, up to where the pass ended
+            ran = [actual or sizes[0]]
+            while len(ran) < self.per_call and (size := adapter.size_of_step(adapter.steps + len(ran))) is not None:
+                ran.append(size)
+            super().count(clock, ran)
+            adapter.steps += len(ran)
         if clock.epoch_size is None:  # (the first epoch only: this runs at every step)
             self.adapter.learn_epoch_size(clock)
