@@ -361,6 +361,19 @@ def torch_data_loader(adapter: Any) -> Any:
     return adapter.get_torch_dataloader() if type(adapter).__name__ == "TorchDataLoaderAdapter" else None
 
 
+def pydataset_queue_first_batch(adapter: Any) -> Any:
+    """The first batch of a ``PyDataset`` read by workers (Keras's adapter for it has a queue: ``workers > 0``), as
+    its pass's iterator gives it, read without taking it from the queue; None for any other source. The queue
+    is one stream: a batch taken from it for a look is a batch the pass never trains on. ``enqueuer``,
+    ``py_dataset`` and ``_standardize_batch`` are Keras internals, checked against Keras 3.10-3.15."""
+    if getattr(adapter, "enqueuer", None) is None or not hasattr(adapter, "py_dataset"):
+        return None
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    batch = adapter._standardize_batch(adapter.py_dataset[0])
+    return next(data_adapter_utils.get_numpy_iterator(iter([batch])))
+
+
 def fit_reads_past_a_pass(adapter: Any) -> bool:
     """True when ``model.fit``'s own loop over ``adapter`` (Keras's adapter for the source) asks an epoch's pass for a
     batch after its last one (ending the pass: a shuffling torch sampler then draws from its generator once more).

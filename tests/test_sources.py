@@ -442,21 +442,27 @@ class _EndlessBatches(keras.utils.PyDataset):
         return X[start:start + 8], Y[start:start + 8]
 
 
-def test_an_endless_pydataset_trains_as_under_model_fit_and_resumes_by_skipping_ahead(tmp_path, capfd):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_endless_pydataset_trains_as_under_model_fit_and_resumes_by_skipping_ahead(tmp_path, capfd, workers):
+    # With workers, Keras reads the batches through a queue, one stream: kfit's look at the first batch (to size the
+    # first step) must not take it from there (model.fit's first step trains on it).
+    def source():
+        return _EndlessBatches(workers=workers)
+
     results = []
     for loop in ("model.fit", "kfit.fit"):
         model = compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9))
         run = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
-        run(_EndlessBatches(), epochs=3, steps_per_epoch=5, verbose=0)
+        run(source(), epochs=3, steps_per_epoch=5, verbose=0)
         results.append(weights(model))
     for a, b in zip(*results):
         np.testing.assert_array_equal(a, b)
 
     path = tmp_path / "run.ckpt"
-    kfit.fit(compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9)), _EndlessBatches(), epochs=3,
+    kfit.fit(compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9)), source(), epochs=3,
              steps_per_epoch=5, max_samples=60, verbose=0, callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)])
     resumed = compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9))
-    kfit.fit(resumed, _EndlessBatches(), epochs=3, steps_per_epoch=5, verbose=0,
+    kfit.fit(resumed, source(), epochs=3, steps_per_epoch=5, verbose=0,
              callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)])
     assert "cannot seek: resuming at sample" in capfd.readouterr().err
     for a, b in zip(results[1], weights(resumed)):

@@ -519,7 +519,10 @@ class SourceAdapter(_backend.DataAdapter):
         if draws or not self._tf_data:
             generators = None if draws or self._loader is None else _loader_generators(self._loader)
             states = None if generators is None else _generator_states(generators)
-            first = next(iter(self.inner.get_numpy_iterator()))
+            # (not from a PyDataset's queue of workers, one stream: model.fit would train on the batch taken)
+            first = None if draws else _backend.pydataset_queue_first_batch(self.inner)
+            if first is None:
+                first = next(iter(self.inner.get_numpy_iterator()))
             if states is not None:
                 # model.fit reads no batch before its first epoch here: the pass this read began leaves the loader's
                 # random generators where they were (its base seed and shuffle order were drawn from them).
