@@ -730,6 +730,68 @@ def jitted_train_step(model: Any) -> Any:
     return None
 
 
+def xla_step_warmer(model: Any) -> Callable[[int], None] | None:
+    """On TensorFlow with ``jit_compile=True``: a function ``warm(rows)`` that has XLA compile Keras's train step for
+    minibatches of ``rows`` rows, as training will run it, without touching the model; None otherwise (another
+    backend, no XLA, ``run_eagerly``, several steps per call, a distribution strategy, a train function kfit
+    replaced).
+
+    kfit's ``tf.data`` hands the step minibatches of an unknown batch dimension, so one trace serves every size, but XLA
+    compiles that trace again for each new shape, when its first step runs. ``warm`` runs the traced function
+    (``multi_step_on_iterator``, the one ``model.fit`` calls with its iterator) once on a minibatch of zeros of the new
+    shape, on copies of the variables it captures (the model's, the optimizer's, the metrics'): XLA compiles the shape
+    and keeps it, for the step's later call on the real variables. It raises if the function is not traced yet (call it
+    after training's first step) or captures a resource that is none of those variables (nothing is run then).
+    ``train_function``'s closure (``multi_step_on_iterator``) is a Keras internal, checked against Keras 3.10-3.15;
+    ``ConcreteFunction._call_flat(inputs, captured_inputs)`` and ``IteratorSpec._element_spec`` TensorFlow ones, checked against TensorFlow 2.20-2.21."""
+    if BACKEND != "tensorflow" or not getattr(model, "jit_compile", False) or getattr(model, "run_eagerly", False):
+        return None
+    import tensorflow as tf
+
+    strategy = getattr(model, "distribute_strategy", None)
+    if steps_per_execution(model) != 1 or type(strategy).__name__ not in ("_DefaultDistributionStrategy", "NoneType"):
+        return None
+    function = getattr(model, "train_function", None)
+    cells = dict(zip(getattr(function, "__code__", None) and function.__code__.co_freevars or (),
+                     getattr(function, "__closure__", None) or ()))
+    traced = cells.get("multi_step_on_iterator")
+    traced = None if traced is None else traced.cell_contents
+    if not hasattr(traced, "_list_all_concrete_functions_for_serialization"):
+        return None
+    variables = [*model.variables, *model.optimizer.variables, *getattr(model, "metrics_variables", [])]
+
+    def warm(rows: int) -> None:
+        def element_spec(concrete: Any) -> Any:  # (of the iterator the step takes)
+            return concrete.structured_input_signature[0][0]._element_spec
+
+        concrete = [c for c in traced._list_all_concrete_functions_for_serialization()
+                    if all(spec.shape.rank and spec.shape[0] is None for spec in tf.nest.flatten(element_spec(c)))]
+        if not concrete:
+            raise RuntimeError("the train step is not traced for minibatches of any size yet")
+        step = concrete[-1]
+        by_handle = {id(v.handle): v for v in variables}
+        copies, captured = [], []  # (the copies are kept: a variable no longer referenced frees its resource)
+        for tensor in step.captured_inputs:
+            if tensor.dtype == tf.resource:
+                if id(tensor) not in by_handle:
+                    raise RuntimeError("the train step uses a resource that is not one of the model's, the "
+                                       "optimizer's or the metrics' variables")
+                copies.append(tf.Variable(by_handle[id(tensor)].value, trainable=False))
+                tensor = copies[-1].handle
+            captured.append(tensor)
+
+        def zeros(spec: Any) -> Any:
+            if not isinstance(spec, tf.TensorSpec):
+                raise TypeError(f"the step takes a {type(spec).__name__}")
+            shape = [rows, *spec.shape[1:]]
+            return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
+
+        iterator = iter(tf.data.Dataset.from_tensors(tf.nest.map_structure(zeros, element_spec(step))))
+        step._call_flat(tf.nest.flatten(iterator, expand_composites=True), captured_inputs=captured)
+
+    return warm
+
+
 def train_state_specs(model: Any) -> tuple:
     """The shapes and dtypes of the state Keras's JAX ``fit`` hands its train step: (trainable, non-trainable,
     optimizer, metrics) variables, as ``jax.ShapeDtypeStruct`` lists. Checked against Keras 3.10-3.15."""

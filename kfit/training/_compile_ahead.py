@@ -1,4 +1,4 @@
-"""Compile the train step for the minibatch sizes that come next, on a background thread (JAX).
+"""Compile the train step for the minibatch sizes that come next, on a background thread (JAX; TensorFlow with XLA).
 
 A minibatch-size schedule hands the compiled step new shapes as training goes (256 → 4096, and the shorter
 minibatch that ends an epoch); under JAX each new shape compiles when its first step runs, and training waits.
@@ -6,12 +6,13 @@ kfit's plan is a function of the clock, so the sizes of the next epoch are known
 :class:`CompileAhead` lowers and compiles Keras's own jitted step for them (``jit(train_step).lower(...).compile()``)
 while the current sizes train. When training reaches a new size its step is already compiled.
 
-On TensorFlow and PyTorch nothing is compiled ahead. TensorFlow needs no more than one trace: where the sizes differ (a
-schedule, a remainder), kfit's ``tf.data`` pipeline leaves the batch dimension unknown (static where every
-minibatch has one size, as Keras's own adapter declares it), so the step traced first serves every size (with
-``jit_compile=True``, XLA still compiles each new shape on its first step: ``pad_remainders=True`` keeps the
-epoch-end remainders from adding shapes). PyTorch's step is not compiled
-(``jit_compile=True`` there compiles lazily, per shape).
+TensorFlow needs no more than one trace: where the sizes differ (a schedule, a remainder), kfit's ``tf.data``
+pipeline leaves the batch dimension unknown (static where every minibatch has one size, as Keras's own adapter
+declares it), so the step traced by the first step serves every size. With ``jit_compile=True`` XLA still compiles
+that trace for each new shape on its first step: the thread, once training's first step has traced the step, runs
+it once for each coming size on a minibatch of zeros and on copies of its variables
+(:func:`kfit._backend.xla_step_warmer`), which leaves XLA's compiled shape in its cache and the model untouched.
+PyTorch's step is not compiled (``jit_compile=True`` there compiles lazily, per shape): nothing is compiled ahead.
 
 Only one thread traces the step at a time. Keras's JAX train step writes to the model while it is traced (the forward
 pass's losses, ``_losses_override``): two traces at once, of a model with a regularizer, leak each other's tracers. A
@@ -56,6 +57,12 @@ class CompileAhead:
     def __init__(self, model: Any, sample_batch: Any):
         enabled = os.environ.get("KFIT_COMPILE_AHEAD", "1") != "0"
         self._step = _backend.jitted_train_step(model) if enabled and model is not None else None
+        #: TensorFlow with XLA: runs the traced step for a size on copies of its variables (see the module's text).
+        self._warm = _backend.xla_step_warmer(model) if enabled and model is not None else None
+        #: Training's first step has run (TensorFlow: the step the thread runs is traced then).
+        self._stepped = threading.Event()
+        self._steps_begun = False
+        self._closing = False
         # The state's shapes, read now: Keras's JAX fit empties the variables while it trains.
         self._state = _backend.train_state_specs(model) if self._step is not None else None
         self._sample = sample_batch
@@ -70,8 +77,8 @@ class CompileAhead:
 
     @property
     def active(self) -> bool:
-        """Whether shapes are compiled ahead (JAX, a jitted step found)."""
-        return self._step is not None
+        """Whether shapes are compiled ahead (JAX, a jitted step found; TensorFlow with ``jit_compile=True``)."""
+        return self._step is not None or self._warm is not None
 
     def seen(self, sizes: Iterable[int]) -> None:
         """Marks sizes whose step is compiled by training itself (the first one): not compiled again."""
@@ -81,6 +88,9 @@ class CompileAhead:
         """Training is about to run a step of ``size`` rows. If no trace serves that size yet, the step traces it:
         the thread's next trace waits until the next step (or :meth:`after_steps`)."""
         self.after_steps()
+        if self._steps_begun:
+            self._stepped.set()
+        self._steps_begun = True
         if self._step is None or size in self._traced:
             return
         self._tracing.acquire()
@@ -89,13 +99,15 @@ class CompileAhead:
 
     def after_steps(self) -> None:
         """Lets the thread trace again (the steps of the epoch have run)."""
+        if self._steps_begun:
+            self._stepped.set()
         if self._held:
             self._held = False
             self._tracing.release()
 
     def request(self, sizes: Iterable[int]) -> None:
         """Compiles the step for each size not requested before, in the order given."""
-        if self._step is None:
+        if not self.active:
             return
         for size in sizes:
             size = int(size)
@@ -109,8 +121,9 @@ class CompileAhead:
             self._queue.put(size)
 
     def _run(self, adopt_thread_state: Any) -> None:
-        import jax
-        import numpy as np
+        if self._step is not None:
+            import jax
+            import numpy as np
 
         adopt_thread_state()
         while True:
@@ -119,6 +132,12 @@ class CompileAhead:
                 self._queue.task_done()
                 return
             try:
+                if self._warm is not None:
+                    self._stepped.wait()
+                    if not self._closing:
+                        self._warm(size)
+                        self.compiled.add(size)
+                    continue
                 data = jax.tree_util.tree_map(
                     lambda a, rows=size: jax.ShapeDtypeStruct((rows, *np.shape(a)[1:]),
                                                               jax.dtypes.canonicalize_dtype(np.asarray(a).dtype)),
@@ -134,8 +153,10 @@ class CompileAhead:
                 self._queue.task_done()
 
     def wait(self) -> None:
-        """Waits until every size requested so far is compiled (or has failed)."""
+        """Waits until every size requested so far is compiled (or has failed). On TensorFlow the step must be
+        traced (by a step of training) before: the thread does not wait for a step any longer."""
         self.after_steps()  # (the thread may wait for the trace training holds)
+        self._stepped.set()
         if self._thread is not None:
             self._queue.join()
 
@@ -144,9 +165,11 @@ class CompileAhead:
         step: a jitted step kept alive keeps its traces in JAX's caches, where a later ``jit`` of the same
         ``train_step`` (after ``model.compile`` again, with other metrics) would find them."""
         self.after_steps()
+        self._closing = True
+        self._stepped.set()  # (a thread waiting for training's first step: there is none to come)
         if self._thread is not None:
             self._drain()
-        self._step = self._state = self._sample = None
+        self._step = self._state = self._sample = self._warm = None
 
     def _drain(self) -> None:
         while True:
