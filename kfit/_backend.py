@@ -927,6 +927,27 @@ class _PythonSteps:
         return batch
 
 
+def call_train_function_past_a_pass_end(model: Any, element_spec: Any, options: Any) -> None:
+    """Calls the model's compiled train function once on an iterator with no batch left, as Keras's TensorFlow loop
+    does to find a ``tf.data`` pass of unknown length ended (the iterator of a ``from_generator`` dataset of that
+    ``element_spec``, as kfit hands such a source): with one step per call TensorFlow runs that call in part before
+    the iterator's end stops it (the ops that read no batch: the optimizer's iteration count, the seed generators),
+    and Keras's loop takes the ``OutOfRangeError`` (or, with more steps per call, ``StopIteration``) for the pass's
+    end. ``model.train_function`` (made by ``fit`` before ``on_train_begin``) and its ``function(iterator)``
+    protocol are Keras internals, checked against Keras 3.10-3.15 and TensorFlow 2.20-2.21."""
+    import tensorflow as tf
+
+    if getattr(model, "train_function", None) is None:
+        model.make_train_function()
+    empty = tf.data.Dataset.from_generator(lambda: iter(()), output_signature=element_spec).with_options(options)
+    iterator = iter(tf.distribute.get_strategy().experimental_distribute_dataset(empty))
+    try:
+        model.train_function(iterator)
+    except (tf.errors.OutOfRangeError, StopIteration):
+        return
+    raise RuntimeError("kfit: the train function ran a step on an empty pass (a Keras change kfit does not know).")
+
+
 def keras_pass(adapter: Any, iterator: Any, method: str) -> Any:
     """Keras's own pass over a ``tf.data`` source (``adapter.<method>()``: ``get_numpy_iterator``,
     ``get_jax_iterator`` or ``get_torch_dataloader``, with Keras's conversions, sparse ones included) read from

@@ -62,6 +62,8 @@ class _ReadAhead:
         self.held = False
         #: True when the source itself ended (not the limit).
         self.exhausted = False
+        #: A batch was asked for after the source ended (Keras's loop finding the pass's end by one more call).
+        self.asked_past_end = False
         self._advance()
 
     def _advance(self) -> None:
@@ -95,6 +97,7 @@ class _ReadAhead:
         if self.held:  # (asked for before the epoch that holds it began)
             self.release()
         if self.done:
+            self.asked_past_end = self.asked_past_end or self.exhausted
             raise StopIteration
         batch = self._next
         self._advance()
@@ -199,6 +202,11 @@ class SourceAdapter(_backend.DataAdapter):
         self._reopen: tuple[np.ndarray, bool] | None = None  # (state, the pass after the saved one) for _new_pass
         #: True when :meth:`resume` opens the saved pass again (else it only skips ahead).
         self.reopens = False
+        #: Keras's TensorFlow loop finds the end of this source's pass by one more call of the train function, which
+        #: TensorFlow runs in part (a ``tf.data`` pass of unknown length, read through ``from_generator``).
+        self._pass_ends_in_a_call = False
+        #: The checkpoint resumed from was saved at a pass's end before that call (see :meth:`get_state`).
+        self._owes_pass_end_call = False
 
     @property
     def num_batches(self) -> int | None:
@@ -404,19 +412,45 @@ class SourceAdapter(_backend.DataAdapter):
         return iter(_backend.keras_pass(self.inner, iterator, method))
 
     def get_state(self) -> dict[str, Any] | None:
-        """What a checkpoint saves of the source: the state of a ``tf.data`` iterator as the last pass opened began;
-        None for a source with no state of its own (it skips ahead)."""
-        if self._pass_state is None:
-            return None
-        if self._saves_draws:
+        """What a checkpoint saves of the source: the state of a ``tf.data`` iterator as the last pass opened began
+        (a DataLoader's: of its random generators), and ``pass_end_call`` True when the run stands at a pass's end
+        that Keras's TensorFlow loop has not yet found by its one more call (see :meth:`_pass_end_call_due`); None
+        for a source with neither (it skips ahead)."""
+        state: dict[str, Any] | None = None
+        if self._pass_state is not None and self._saves_draws:
             now = self._pass_end_states
-            return {"kind": "DataLoader", "generators": list(self._pass_state),
-                    "now": now if now is not None else _generator_states(_loader_generators(self._loader))}
-        return {"kind": "tf.data", "iterator": self._pass_state} if self._saves_passes else None
+            state = {"kind": "DataLoader", "generators": list(self._pass_state),
+                     "now": now if now is not None else _generator_states(_loader_generators(self._loader))}
+        elif self._pass_state is not None and self._saves_passes:
+            state = {"kind": "tf.data", "iterator": self._pass_state}
+        if self._pass_end_call_due():
+            state = {"kind": self.state_kind, **(state or {}), "pass_end_call": True}
+        return state
+
+    def _pass_end_call_due(self) -> bool:
+        """True when every batch of a pass of unknown length has been trained on and Keras's TensorFlow loop has not
+        yet made the call that finds the pass ended: a run stopped there (``max_samples``, a callback) or saved there
+        (a save interval) and resumed makes that call as it resumes (:meth:`make_owed_pass_end_call`), as the
+        uninterrupted run made it."""
+        current = self._current
+        return (self._pass_ends_in_a_call and current is not None and current.exhausted
+                and not current.asked_past_end and self.ended_before(self.steps))
+
+    def make_owed_pass_end_call(self) -> bool:
+        """Makes the call of the train function past a pass's end that the uninterrupted run made after the step its
+        checkpoint was saved at (TensorFlow runs it in part: it counts an optimizer iteration, as Adam's bias
+        correction reads, and advances the seed generators). True when one was owed and made."""
+        owed, self._owes_pass_end_call = self._owes_pass_end_call, False
+        if not owed or _backend.BACKEND != "tensorflow" or self._signature is None or self.driver is None:
+            return False
+        spec, options, _ = self._signature
+        _backend.call_train_function_past_a_pass_end(self.driver.model, spec, options)
+        return True
 
     def set_state(self, state: dict[str, Any] | None) -> None:
         """Keeps a state from :meth:`get_state` for :meth:`resume`."""
-        if state is None:
+        self._owes_pass_end_call = bool(state and state.get("pass_end_call"))
+        if state is None or set(state) <= {"kind", "pass_end_call"}:
             self._restored_pass = None
             return
         if self._loader is not None:
@@ -582,8 +616,16 @@ class SourceAdapter(_backend.DataAdapter):
             direct = _backend.python_steps_dataset(lambda: self._open(self.inner.get_tf_dataset), spec, per_call)
             if direct is not None:
                 return direct
-        return tf.data.Dataset.from_generator(lambda: self._open(self.inner.get_tf_dataset),
-                                              output_signature=spec).with_options(options)
+        dataset = tf.data.Dataset.from_generator(lambda: self._open(self.inner.get_tf_dataset),
+                                                 output_signature=spec).with_options(options)
+        self._pass_ends_in_a_call = not self.inner.num_batches and not endless
+        if self._pass_ends_in_a_call:
+            # Read by the train step only (no prefetch injected, kfit's reader reads one batch ahead): the batch
+            # asked for past the pass's end is then asked for by the call that finds the end (see get_state).
+            no_prefetch = tf.data.Options()
+            no_prefetch.experimental_optimization.inject_prefetch = False
+            dataset = dataset.with_options(no_prefetch)
+        return dataset
 
 
 _END = object()

@@ -398,6 +398,7 @@ class _RunControl(keras.callbacks.Callback):
             mid_epoch = clock.samples_in_epoch > 0
         _backend.set_initial_epoch(fit.model, epoch)
         skip = source.resume(clock.samples_in_epoch, clock.samples, steps_in_epoch)
+        source.make_owed_pass_end_call()
         if mid_epoch:
             fit.run.batch_offset = steps_in_epoch or source.steps_into_epoch(epoch, clock.minibatches, clock.samples_in_epoch)
         if source.reopens:  # (epochs counted from 1, as in the resume line)
