@@ -1,6 +1,7 @@
 """Throughput of ``kfit.fit`` against plain ``model.fit`` on sources that batch by themselves, side by side.
 
-A Python generator (read on across epochs with ``steps_per_epoch``) and a ``tf.data`` pipeline, on the small MLP of
+A Python generator (read on across epochs with ``steps_per_epoch``), a ``tf.data`` pipeline (the same way) and one of
+unknown cardinality (a filter; each epoch one pass, whose end Keras's loop finds by one more call), on the small MLP of
 ``benchmarks/overhead.py`` at minibatch 64 (where per-step costs weigh most). kfit trains on them through Keras's own
 adapter for the source, read one batch ahead so that its clock knows each step's size (``kfit.data._source``). The
 sides take turns (the order alternates each round), one ``fit`` call of ``--steps`` steps each per round after an
@@ -39,6 +40,9 @@ def measure(backend: str, rounds: int, steps: int) -> None:
     sources = {
         "generator": lambda: (generator(), {"steps_per_epoch": steps // 2}),
         "tf.data": lambda: (tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat(), {"steps_per_epoch": steps // 2}),
+        # A pass of steps // 2 batches whose length tf.data does not know (a filter): each epoch reads it to its end.
+        "tf.data of unknown cardinality": lambda: (tf.data.Dataset.from_tensor_slices((x, y)).repeat().take(
+            BATCH * (steps // 2)).filter(lambda *_: True).batch(BATCH), {}),
     }
     for name, make in sources.items():
         times: dict[str, list[float]] = {"model.fit": [], "kfit.fit(seed=0)": []}

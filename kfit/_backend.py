@@ -872,7 +872,8 @@ def generator_tf_dataset(adapter: Any, batches: Callable[[], Any]) -> Any:
     return dataset.with_options(options)
 
 
-def python_steps_dataset(open_pass: Callable[[], Any], element_spec: Any, steps_per_execution: int) -> Any:
+def python_steps_dataset(open_pass: Callable[[], Any], element_spec: Any, steps_per_execution: int,
+                         at_end: Callable[[], None] | None = None) -> Any:
     """What ``model.fit`` reads on TensorFlow for a source kfit's reader reads (``open_pass()``: an iterator over one
     pass, of eager tensors), handed to Keras's loop as they are: a ``tf.distribute.DistributedDataset`` whose
     iterator is a Python iterator, which Keras's compiled train function takes from Python one step at a time
@@ -881,7 +882,8 @@ def python_steps_dataset(open_pass: Callable[[], Any], element_spec: Any, steps_
     Keras internal (``TFEpochIterator`` keeps a ``DistributedDataset`` as it is; the train function runs
     ``zip(range(steps_per_execution), iterator)`` on an iterator that is neither a ``tf.data`` nor a distributed
     one; ``catch_stop_iteration`` takes ``tf.errors.OutOfRangeError`` for the pass's end), checked against Keras
-    3.10-3.15 and TensorFlow 2.20-2.21."""
+    3.10-3.15 and TensorFlow 2.20-2.21. ``at_end``: called as the call of the train function past the pass's end
+    asks for its batch (a pass of unknown length: the call model.fit's loop finds the end by)."""
     import tensorflow as tf
 
     if tf.distribute.has_strategy():
@@ -889,7 +891,7 @@ def python_steps_dataset(open_pass: Callable[[], Any], element_spec: Any, steps_
 
     class _PassEnd(tf.distribute.DistributedDataset):
         def __iter__(self) -> Any:
-            return _PythonSteps(open_pass(), steps_per_execution)
+            return _PythonSteps(open_pass(), steps_per_execution, at_end)
 
         @property
         def element_spec(self) -> Any:
@@ -904,11 +906,12 @@ class _PythonSteps:
     ``tf.data`` pass ends inside a call), and ``tf.errors.OutOfRangeError`` tells Keras's loop the epoch's data ended
     (a ``StopIteration`` there would leave the call with no step and no logs)."""
 
-    def __init__(self, batches: Any, steps_per_execution: int):
+    def __init__(self, batches: Any, steps_per_execution: int, at_end: Callable[[], None] | None = None):
         self._batches = batches
         self._per_call = steps_per_execution
         self._handed = 0
         self._ended_a_call = False
+        self._at_end = at_end
 
     def __iter__(self) -> _PythonSteps:
         return self
@@ -922,6 +925,9 @@ class _PythonSteps:
             if self._handed % self._per_call and not self._ended_a_call:
                 self._ended_a_call = True
                 raise
+            at_end, self._at_end = self._at_end, None
+            if at_end is not None:
+                at_end()
             raise tf.errors.OutOfRangeError(None, None, "End of sequence") from None
         self._handed += 1
         return batch

@@ -260,6 +260,39 @@ def test_a_run_stopped_in_or_at_the_end_of_the_first_pass_resumes_to_the_uninter
     np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=1e-6)
 
 
+@pytest.mark.parametrize("steps_per_execution", [1, pytest.param(2, marks=pytest.mark.skipif(
+    keras.backend.backend() == "torch", reason="Keras's PyTorch backend runs one step per call (steps_per_execution=1)"))])
+@pytest.mark.parametrize("kind", ["grain", UNKNOWN_CARDINALITY])
+def test_a_pass_of_unknown_length_trains_as_under_model_fit_with_adam_and_dropout(kind, steps_per_execution):
+    """Keras's TensorFlow loop finds a pass of unknown length ended by one more call of the train function, which
+    TensorFlow runs in part (an optimizer iteration more, read by Adam's bias correction; the dropout's seed generator
+    drawn): kfit hands such a pass to the train step from Python and makes that call where the pass ends, so the
+    optimizer's count, the weights and the logs are model.fit's on every backend (5 batches of 10 per epoch)."""
+    make, options = SOURCES_OF_ONE_PASS[kind]
+
+    def model_with_dropout():
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"),
+                                  keras.layers.Dropout(0.3, seed=5), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", steps_per_execution=steps_per_execution)
+        return model
+
+    results = []
+    for loop in ("model.fit", "kfit.fit"):
+        model = model_with_dropout()
+        keras.utils.set_random_seed(0)
+        if loop == "model.fit":
+            history = model.fit(make(10), epochs=3, verbose=0, **options)
+        else:
+            history = kfit.fit(model, make(10), epochs=3, seed=0, verbose=0, **options)
+        results.append((weights(model), int(model.optimizer.iterations), history.history))
+    (w_keras, iterations_keras, h_keras), (w_kfit, iterations_kfit, h_kfit) = results
+    assert iterations_kfit == iterations_keras
+    for a, b in zip(w_keras, w_kfit):
+        np.testing.assert_array_equal(a, b)
+    assert h_kfit == h_keras
+
+
 @pytest.mark.parametrize("kind", ["grain", UNKNOWN_CARDINALITY])
 def test_a_checkpoint_written_at_the_end_of_a_pass_of_unknown_length_resumes_exactly_after_a_crash(kind, tmp_path):
     """A save interval that a pass's last step crosses, the run going on and crashing later: on TensorFlow, Keras's

@@ -443,8 +443,7 @@ class SourceAdapter(_backend.DataAdapter):
         owed, self._owes_pass_end_call = self._owes_pass_end_call, False
         if not owed or _backend.BACKEND != "tensorflow" or self._signature is None or self.driver is None:
             return False
-        spec, options, _ = self._signature
-        _backend.call_train_function_past_a_pass_end(self.driver.model, spec, options)
+        self._call_past_the_pass_end()
         return True
 
     def set_state(self, state: dict[str, Any] | None) -> None:
@@ -607,18 +606,18 @@ class SourceAdapter(_backend.DataAdapter):
             endless = int(own.cardinality()) == tf.data.INFINITE_CARDINALITY
             self._signature = (own.element_spec, own.options(), endless)
         spec, options, endless = self._signature
-        if self.inner.num_batches or endless:
-            # Handed to the train step from Python as kfit's reader reads them, with no tf.data pipeline between the
-            # two. Not a pass of unknown length: model.fit's loop finds its end by one more call of the train step,
-            # which TensorFlow runs in part (it counts an optimizer iteration and advances the seed generators), and
-            # kfit's reader, one batch ahead, would run no such call.
-            per_call = _backend.steps_per_execution(self.driver.model) if self.driver is not None else 1
-            direct = _backend.python_steps_dataset(lambda: self._open(self.inner.get_tf_dataset), spec, per_call)
-            if direct is not None:
-                return direct
+        # Keras's loop finds the end of a pass of unknown length by one more call of the train function, which
+        # TensorFlow runs in part (it counts an optimizer iteration and advances the seed generators): kfit makes
+        # that call where Keras's loop asks for the batch past the pass's end (see _backend.python_steps_dataset).
+        self._pass_ends_in_a_call = not self.inner.num_batches and not endless
+        at_end = self._call_past_the_pass_end if self._pass_ends_in_a_call else None
+        # Handed to the train step from Python as kfit's reader reads them, with no tf.data pipeline between the two.
+        per_call = _backend.steps_per_execution(self.driver.model) if self.driver is not None else 1
+        direct = _backend.python_steps_dataset(lambda: self._open(self.inner.get_tf_dataset), spec, per_call, at_end)
+        if direct is not None:
+            return direct
         dataset = tf.data.Dataset.from_generator(lambda: self._open(self.inner.get_tf_dataset),
                                                  output_signature=spec).with_options(options)
-        self._pass_ends_in_a_call = not self.inner.num_batches and not endless
         if self._pass_ends_in_a_call:
             # Read by the train step only (no prefetch injected, kfit's reader reads one batch ahead): the batch
             # asked for past the pass's end is then asked for by the call that finds the end (see get_state).
@@ -626,6 +625,10 @@ class SourceAdapter(_backend.DataAdapter):
             no_prefetch.experimental_optimization.inject_prefetch = False
             dataset = dataset.with_options(no_prefetch)
         return dataset
+
+    def _call_past_the_pass_end(self) -> None:
+        spec, options, _ = self._signature
+        _backend.call_train_function_past_a_pass_end(self.driver.model, spec, options)
 
 
 _END = object()
