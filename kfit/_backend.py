@@ -934,12 +934,12 @@ class _PythonSteps:
 
 
 def call_train_function_past_a_pass_end(model: Any, element_spec: Any, options: Any) -> None:
-    """Calls the model's compiled train function once on an iterator with no batch left, as Keras's TensorFlow loop
-    does to find a ``tf.data`` pass of unknown length ended (the iterator of a ``from_generator`` dataset of that
-    ``element_spec``, as kfit hands such a source): with one step per call TensorFlow runs that call in part before
+    """Calls the model's compiled train function once on a ``tf.data`` iterator with no batch left (an empty
+    ``from_generator`` dataset of that ``element_spec``), as Keras's TensorFlow loop calls it on the source's own
+    iterator to find a pass of unknown length ended: with one step per call TensorFlow runs that call in part before
     the iterator's end stops it (the ops that read no batch: the optimizer's iteration count, the seed generators),
     and Keras's loop takes the ``OutOfRangeError`` (or, with more steps per call, ``StopIteration``) for the pass's
-    end. ``model.train_function`` (made by ``fit`` before ``on_train_begin``) and its ``function(iterator)``
+    end. Keras's own function for a ``tf.data`` iterator, traced for this element spec: the same part runs. ``model.train_function`` (made by ``fit`` before ``on_train_begin``) and its ``function(iterator)``
     protocol are Keras internals, checked against Keras 3.10-3.15 and TensorFlow 2.20-2.21."""
     import tensorflow as tf
 

@@ -203,7 +203,8 @@ class SourceAdapter(_backend.DataAdapter):
         #: True when :meth:`resume` opens the saved pass again (else it only skips ahead).
         self.reopens = False
         #: Keras's TensorFlow loop finds the end of this source's pass by one more call of the train function, which
-        #: TensorFlow runs in part (a ``tf.data`` pass of unknown length, read through ``from_generator``).
+        #: TensorFlow runs in part (a pass of unknown length: ``tf.data`` of unknown cardinality, Grain); kfit makes
+        #: that call where its reader's pass ends (see :meth:`get_tf_dataset`).
         self._pass_ends_in_a_call = False
         #: The checkpoint resumed from was saved at a pass's end before that call (see :meth:`get_state`).
         self._owes_pass_end_call = False
