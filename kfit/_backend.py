@@ -939,8 +939,9 @@ def call_train_function_past_a_pass_end(model: Any, element_spec: Any, options: 
     iterator to find a pass of unknown length ended: with one step per call TensorFlow runs that call in part before
     the iterator's end stops it (the ops that read no batch: the optimizer's iteration count, the seed generators),
     and Keras's loop takes the ``OutOfRangeError`` (or, with more steps per call, ``StopIteration``) for the pass's
-    end. Keras's own function for a ``tf.data`` iterator, traced for this element spec: the same part runs. ``model.train_function`` (made by ``fit`` before ``on_train_begin``) and its ``function(iterator)``
-    protocol are Keras internals, checked against Keras 3.10-3.15 and TensorFlow 2.20-2.21."""
+    end. Keras's own function for a ``tf.data`` iterator, traced for this element spec: the same part runs.
+    ``model.train_function`` (made by ``fit`` before ``on_train_begin``) and its ``function(iterator)`` protocol are
+    Keras internals, checked against Keras 3.10-3.15 and TensorFlow 2.20-2.21."""
     import tensorflow as tf
 
     if getattr(model, "train_function", None) is None:

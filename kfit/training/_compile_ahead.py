@@ -88,8 +88,6 @@ class CompileAhead:
         """Training is about to run a step of ``size`` rows. If no trace serves that size yet, the step traces it:
         the thread's next trace waits until the next step (or :meth:`after_steps`)."""
         self.after_steps()
-        if self._steps_begun:
-            self._stepped.set()
         self._steps_begun = True
         if self._step is None or size in self._traced:
             return
@@ -99,7 +97,7 @@ class CompileAhead:
 
     def after_steps(self) -> None:
         """Lets the thread trace again (the steps of the epoch have run)."""
-        if self._steps_begun:
+        if self._steps_begun and not self._stepped.is_set():  # (a read at most steps, not the Event's lock)
             self._stepped.set()
         if self._held:
             self._held = False
