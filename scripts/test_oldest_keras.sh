@@ -18,12 +18,13 @@ if [ ! -x "$venv/bin/python" ]; then
   "$PYTHON" -m venv "$venv"
 fi
 stamp="$venv/.kfit-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$keras_min" ]; then
+filled="$keras_min with pytest-xdist"  # (what the stamp says was installed)
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$filled" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
   # torch==2.13.0 is the CPU build; an unpinned torch would pull a multi-GB CUDA build.
   "$venv/bin/python" -m pip install -q "keras==$keras_min" "tensorflow-cpu<2.21" "jax[cpu]" "torch==2.13.0" \
-    h5py numpy pytest scikit-learn
-  echo "$keras_min" >"$stamp"
+    h5py numpy pytest pytest-xdist scikit-learn
+  echo "$filled" >"$stamp"
 fi
 "$venv/bin/python" -c "import keras; print('Oldest Keras:', keras.__version__)"
 # The core (what CI runs, about 4 minutes per backend): numerics, the stream, kill-and-resume (arrays and a
@@ -39,12 +40,16 @@ core=()
 for f in "${core_files[@]}"; do
   if [ -e "$f" ]; then core+=("$f"); else echo "note: $f is not in this checkout; not run"; fi
 done
+# The test files run on KFIT_TEST_WORKERS processes, as in scripts/test.sh (default 2: the machine's cores).
+workers=${KFIT_TEST_WORKERS:-2}
+parallel=()
+[ "$workers" = "1" ] || parallel=(-n "$workers" --dist loadfile)
 status=0
 summary=()
 for backend in ${KFIT_BACKENDS:-tensorflow jax torch}; do
   echo "=== Keras $keras_min, KERAS_BACKEND=$backend ==="
   if KERAS_BACKEND=$backend PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}" \
-      "$venv/bin/python" -m pytest -q -p no:cacheprovider "${core[@]}" "$@"; then
+      "$venv/bin/python" -m pytest -q -p no:cacheprovider "${parallel[@]}" "${core[@]}" "$@"; then
     summary+=("keras $keras_min, $backend: passed")
   else
     summary+=("keras $keras_min, $backend: FAILED")
