@@ -12,6 +12,9 @@ Options:
     --kfit-results=PATH     write a JSON object ``{nodeid: {"outcome", "error", "routed"}}``: the outcome of each
                             test, the first line of its error, and how many ``fit`` calls went through kfit.
 
+Under pytest-xdist (``-n N``) each worker routes its own tests; the count of routed ``fit`` calls travels to the
+controller with the test's report (``user_properties``), and the controller alone writes the results file.
+
 How the routing avoids recursion: ``kfit.fit`` itself trains by calling ``model.fit(adapter, ...)``. The
 patched ``fit`` calls ``kfit.fit`` only when no ``kfit.fit`` call routed by this plugin is running (a
 context variable set while it runs); inside one, it calls Keras's original ``fit``.
@@ -104,8 +107,17 @@ def _install():
     _patched = (owner, original)
 
 
+def _is_xdist_controller(config) -> bool:
+    """True in the pytest-xdist process that hands tests to workers (it runs none itself)."""
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+def _writes_results(config) -> bool:
+    return not hasattr(config, "workerinput")  # a worker's reports reach the controller, which writes the file
+
+
 def pytest_configure(config):
-    if config.getoption("--kfit-route"):
+    if config.getoption("--kfit-route") and not _is_xdist_controller(config):
         _install()
 
 
@@ -116,7 +128,7 @@ def pytest_unconfigure(config):
         owner.fit = original
         _patched = None
     path = config.getoption("--kfit-results")
-    if path:
+    if path and _writes_results(config):
         with open(path, "w") as f:
             json.dump(_results, f, indent=1, sort_keys=True)
 
@@ -126,8 +138,13 @@ def pytest_runtest_protocol(item, nextitem):
     global _routed_calls
     _routed_calls = 0
     yield
-    if item.nodeid in _results:
-        _results[item.nodeid]["routed"] = _routed_calls
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    if call.when == "teardown":  # the teardown report carries the test's count of routed fit calls
+        item.user_properties.append(("kfit_routed", _routed_calls))
+    yield
 
 
 def _first_line(report) -> str:
@@ -139,6 +156,8 @@ def _first_line(report) -> str:
 def pytest_runtest_logreport(report):
     entry = _results.setdefault(report.nodeid, {"outcome": "passed", "error": "", "routed": 0, "seconds": 0.0})
     entry["seconds"] = round(entry["seconds"] + report.duration, 2)
+    if report.when == "teardown":
+        entry["routed"] = dict(report.user_properties).get("kfit_routed", 0)
     if report.failed and entry["outcome"] != "failed":
         entry["outcome"] = "failed" if report.when == "call" else f"error ({report.when})"
         entry["error"] = _first_line(report)

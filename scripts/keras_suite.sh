@@ -16,7 +16,9 @@
 # fifth of the time, compile-bound; they pass routed on TensorFlow and JAX), and on PyTorch the jit_compile=True
 # tests (names ending in _jit: torch.compile, 20-60 s each on 2 cores, about 40% of that backend's time; the
 # _eager and _non_jit variants of the same tests run); KFIT_KERAS_SUITE_SUBSET=full runs every test. A -k given
-# after -- replaces the subset's. Results (JSON per run, with the first error line
+# after -- replaces the subset's. The routed and plain runs spread their tests over KFIT_TEST_WORKERS processes
+# (pytest-xdist, test by test; default 2: the machine's cores), each on one CPU thread as in kfit's own tests;
+# 1 runs them in one process. Results (JSON per run, with the first error line
 # of each test) and logs go to $KFIT_KERAS_SUITE_OUT (default: a temporary folder).
 set -euo pipefail
 [ "${KFIT_KERAS_SUITE:-1}" = 0 ] && { echo "Keras suite skipped (KFIT_KERAS_SUITE=0)"; exit 0; }
@@ -54,14 +56,19 @@ subset_for() {  # BACKEND: the -k of the CI subset (nothing for the full suite)
 out=${KFIT_KERAS_SUITE_OUT:-$(mktemp -d)}
 mkdir -p "$out"
 
+workers=${KFIT_TEST_WORKERS:-2}
 suite_pytest() {  # BACKEND MODE PYTEST-ARGS...: one pytest run; fails only if pytest itself failed
   local b=$1 mode=$2 rc=0 start=$SECONDS
   shift 2
   local flags=(-p conftest -p kfit_routing --kfit-results="$out/$b-$mode.json"
                --kfit-timeout="${KFIT_KERAS_SUITE_TIMEOUT:-60}")
   [ "$mode" != plain ] && flags+=(--kfit-route)  # "again": timed-out tests run routed once more
+  # "again" runs alone, in one process: its tests timed out on a busy machine
+  [ "$workers" != 1 ] && [ "$mode" != again ] && flags+=(-n "$workers" --dist load)
   echo "=== Keras suite, KERAS_BACKEND=$b, $mode ==="
   (cd "$out" && KERAS_BACKEND=$b TF_CPP_MIN_LOG_LEVEL=2 PYTHONPATH="$suite${PYTHONPATH:+:$PYTHONPATH}" \
+    OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1 \
+    XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
     timeout -k 30 "${KFIT_KERAS_SUITE_RUN_LIMIT:-1500}" python -m pytest -q -c "$suite/pytest.ini" --rootdir="$site" "${flags[@]}" "$@" \
     >"$out/$b-$mode.log" 2>&1) || rc=$?
   echo "$(tail -n 1 "$out/$b-$mode.log")  ($mode: $((SECONDS - start)) s)"
