@@ -65,8 +65,14 @@ suite_pytest() {  # BACKEND MODE PYTEST-ARGS...: one pytest run; fails only if p
   [ "$mode" != plain ] && flags+=(--kfit-route)  # "again": timed-out tests run routed once more
   # "again" runs alone, in one process: its tests timed out on a busy machine
   [ "$workers" != 1 ] && [ "$mode" != again ] && flags+=(-n "$workers" --dist load)
+  # JAX: one persistent compilation cache for the backend's runs, as in tests/conftest.py (the tests' many small
+  # models compile the same XLA programs; the size limit turns on the cache's file lock)
+  local jax_cache=()
+  [ "$b" = jax ] && jax_cache=(JAX_COMPILATION_CACHE_DIR="$out/jax-compilation-cache"
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+    JAX_COMPILATION_CACHE_MAX_SIZE=$((4 << 30)))
   echo "=== Keras suite, KERAS_BACKEND=$b, $mode ==="
-  (cd "$out" && KERAS_BACKEND=$b TF_CPP_MIN_LOG_LEVEL=2 PYTHONPATH="$suite${PYTHONPATH:+:$PYTHONPATH}" \
+  (cd "$out" && env "${jax_cache[@]}" KERAS_BACKEND="$b" TF_CPP_MIN_LOG_LEVEL=2 PYTHONPATH="$suite${PYTHONPATH:+:$PYTHONPATH}" \
     OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1 \
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
     timeout -k 30 "${KFIT_KERAS_SUITE_RUN_LIMIT:-1500}" python -m pytest -q -c "$suite/pytest.ini" --rootdir="$site" "${flags[@]}" "$@" \
@@ -98,5 +104,6 @@ for b in "${backends[@]}"; do
     fi
   fi
   python "$suite/compare.py" "$b" "$out/$b-plain.json" "$out/$b-routed.json" "$suite/expected_failures.txt" || status=1
+  rm -rf "$out/jax-compilation-cache"
 done
 exit $status

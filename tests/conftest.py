@@ -17,6 +17,20 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+if os.environ["KERAS_BACKEND"] == "jax" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    # JAX's persistent compilation cache, one per test run, shared by pytest-xdist's workers and the subprocesses
+    # the tests start (they inherit this environment): Keras jits a new step for every model, and the suite's
+    # many small models are mostly the same XLA programs, compiled once each instead of once per test (about
+    # 2.5x faster here). A size limit turns on the cache's file lock, which keeps readers from half-written
+    # entries. The process that makes the folder (pytest's, or xdist's controller) removes it when it exits.
+    import atexit
+    import shutil
+    import tempfile
+
+    _jax_cache = tempfile.mkdtemp(prefix="kfit-tests-jax-cache-")
+    atexit.register(shutil.rmtree, _jax_cache, ignore_errors=True)
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=_jax_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", JAX_COMPILATION_CACHE_MAX_SIZE=str(4 << 30))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
