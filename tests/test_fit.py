@@ -399,7 +399,10 @@ def test_clear_errors_before_training(case, tmp_path):
 
 
 def _backend_compiles(record):
-    """Records the name of every function XLA compiles (JAX), with the thread that compiles it."""
+    """Records the name of every function XLA compiles (JAX), with the thread that compiles it.
+
+    The event wraps JAX's lookup in its persistent compilation cache too (``tests/conftest.py`` turns the cache on),
+    so a step loaded from that cache counts as compiled: only JAX's in-memory caches make no event."""
     import threading
 
     import jax
