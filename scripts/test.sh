@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test suite: ruff, then per Keras backend (TensorFlow, JAX, PyTorch) pytest (doctests included) and
-# Keras's own trainer and callback tests routed through kfit (scripts/keras_suite.sh, its CI subset; about 2.5, 2
-# and 3 minutes on 2 cores); then kfit's core tests on the oldest Keras that pyproject.toml allows
+# Keras's own trainer and callback tests routed through kfit (scripts/keras_suite.sh, its CI subset; about 2, 1.2
+# and 2.5 minutes on 2 cores); then kfit's core tests on the oldest Keras that pyproject.toml allows
 # (scripts/test_oldest_keras.sh). KFIT_KERAS_SUITE=0 / KFIT_OLDEST_KERAS=0 leave those tiers out.
 # pytest runs its test files on KFIT_TEST_WORKERS processes (pytest-xdist, default 2: the machine's cores; every
 # test process runs its backend on one thread; 1 runs them in this process, one after the other).
