@@ -20,8 +20,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_
 if os.environ["KERAS_BACKEND"] == "jax" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     # JAX's persistent compilation cache, one per test run, shared by pytest-xdist's workers and the subprocesses
     # the tests start (they inherit this environment): Keras jits a new step for every model, and the suite's
-    # many small models are mostly the same XLA programs, compiled once each instead of once per test (about
-    # 2.5x faster here). A size limit turns on the cache's file lock, which keeps readers from half-written
+    # many small models are mostly the same XLA programs, compiled once each instead of once per test (the
+    # JAX tier in CI: 14.5 -> 8 minutes). A size limit turns on the cache's file lock, which keeps readers from half-written
     # entries. The process that makes the folder (pytest's, or xdist's controller) removes it when it exits.
     import atexit
     import shutil
