@@ -110,6 +110,73 @@ def test_a_second_run_with_the_same_callbacks_starts_fresh(loop):
     assert kfit.get_clock(model).samples == 128  # the second run's samples only
 
 
+def _steering_callbacks(x_val, y_val) -> list:
+    """Every kfit callback that keeps state across a run, each made to change it: the cross-validation callback
+    resets both schedules at its second evaluation, ReduceLROnPlateau cuts the rate at every evaluation
+    (``min_delta`` no loss can meet), EarlyStopping counts, the printer numbers its evaluations, Test keeps its
+    results."""
+    lr = LearningRateSchedule(kfit.schedules.learning_rate_per_sample(0.002))
+    momentum = kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant(40))
+
+    def steer(index, average_error, samples, minibatches):
+        if index == 1:
+            lr.reset_learning_rate(0.001)
+            momentum.reset_momentum(20)
+
+    return [lr, momentum, CrossValidation((x_val, y_val), frequency=16, callback=steer),
+            kfit.callbacks.ReduceLROnPlateau(monitor="val_loss", patience=0, factor=0.5, min_delta=1e9),
+            EarlyStopping(monitor="val_loss", unit="evaluations", patience=100),
+            kfit.callbacks.ProgressPrinter(freq=4), kfit.callbacks.Test((x_val, y_val))]
+
+
+class _StatesAtFirstStep(keras.callbacks.Callback):
+    """Notes the state of each of ``callbacks`` as the run's first step begins."""
+
+    def __init__(self, callbacks):
+        super().__init__()
+        self.callbacks, self.states = callbacks, None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.states is None:
+            self.states = repr([c.get_state() for c in self.callbacks])
+
+
+@pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])
+def test_every_callback_used_again_starts_as_a_new_one(loop, capsys):
+    """A second run with the same callback objects begins, trains, logs and ends as a run with new ones: no reset of a
+    schedule, no counter, no result of the first run reaches the second (the first is longer, so that what it left
+    past the second's end would show)."""
+    x, y = _data()
+    x_val, y_val = _data(16)
+
+    def train(callbacks, epochs):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer=kfit.optimizers.MomentumSGD(0.01), loss="mse")
+        probe = _StatesAtFirstStep(callbacks)
+        if loop == "kfit.fit":
+            history = kfit.fit(model, x, y, minibatch_size=8, epochs=epochs, seed=0, callbacks=[*callbacks, probe],
+                               verbose=0)
+        else:
+            history = model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0,
+                                callbacks=[SampleClock(batch_size=8, num_samples=64), *callbacks, probe])
+        return history.history, model.get_weights(), probe.states, repr([c.get_state() for c in callbacks])
+
+    new = train(_steering_callbacks(x_val, y_val), epochs=1)
+    printed_new = capsys.readouterr().out
+    reused = _steering_callbacks(x_val, y_val)
+    train(reused, epochs=2)
+    capsys.readouterr()
+    again = train(reused, epochs=1)
+    assert again[2] == new[2]  # each callback's state as the first step begins, as a checkpoint would hold it
+    assert again[0] == new[0]  # every logged value: lr, momentum, val_*, test_*
+    assert all(np.array_equal(a, b) for a, b in zip(again[1], new[1]))
+    assert again[3] == new[3]  # and as the run ends
+    evaluations = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Finished Evaluation")]
+    assert evaluations == [line for line in printed_new.splitlines() if line.startswith("Finished Evaluation")]
+    assert new[0]["lr"][-1] < 0.002 * 8 / 2  # (the rate was cut: the callbacks did change their state)
+
+
 class _FailsAtTrainEnd(kfit.callbacks.KfitCallback):
     default_name = "fails"
 

@@ -113,6 +113,7 @@ class _HyperparameterSchedule(KfitCallback):
             raise ValueError(f"{type(self).__name__} needs a compiled model with an optimizer.")
         self._variable = self._target_variable(optimizer)
         self._accumulation = gradient_accumulation_steps(optimizer)
+        self._resets = []  # a run starts from the schedule given (a resumed one gets its resets from the checkpoint)
         self._applied = None
         self._segment = None
         self._unchanged = None

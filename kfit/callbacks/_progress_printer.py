@@ -187,6 +187,7 @@ class ProgressPrinter(KfitCallback):
                 print(f"Redirecting log to file {self.log_to_file}", file=sys.stderr, flush=True)
                 self._announced = True
         self._shown = {}
+        self._evaluations = 0
         self._scheduled.reset()
         self._first_step = None
         self._steps = 0

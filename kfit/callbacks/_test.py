@@ -95,6 +95,7 @@ class Test(KfitCallback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.data.check_model(self.training_model)
+        self.results = None  # an earlier run's (a restored run gets its own back from the checkpoint)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self.run()
