@@ -297,6 +297,28 @@ def test_a_run_continued_from_one_stopped_inside_an_epoch_has_the_uninterrupted_
     assert_same_weights(continued, reference)
 
 
+def test_a_continued_run_keeps_the_values_of_keys_the_partial_epoch_did_not_log(tmp_path):
+    """Cross-validation at sample 100 only (epochs of 64): its ``val_*`` keys have one value, the second epoch's. A run
+    stopped inside the third epoch and continued drops what that partial epoch logged, not that value."""
+    path = str(tmp_path / "run.ckpt")
+
+    def run(**options):
+        model = make_model()
+        callbacks = [kfit.callbacks.CrossValidation(classification_data(16, seed=1), frequency=100)]
+        if options.pop("save", True):
+            callbacks.append(kfit.callbacks.Checkpoint(path))
+        history = kfit.fit(model, X, Y, batch_size=16, epochs=3, seed=0, verbose=0, callbacks=callbacks, **options)
+        return model, history
+
+    reference, expected = run(save=False)
+    assert len(expected.history["val_loss"]) == 1 and len(expected.history["loss"]) == 3
+    _, stopped = run(max_samples=144)  # 16 samples into the third epoch, after the cross-validation
+    assert stopped.epoch == [0, 1, 2] and len(stopped.history["val_loss"]) == 1
+    continued, history = run()
+    assert history.epoch == [0, 1, 2] and history.history == expected.history
+    assert_same_weights(continued, reference)
+
+
 @pytest.mark.parametrize("source", ["arrays", "tf.data"])
 @pytest.mark.parametrize("stopper", ["keras EarlyStopping", "a plain callback"])
 def test_a_callbacks_stop_at_the_step_max_samples_is_reached_stays_a_stop(source, stopper, tmp_path):

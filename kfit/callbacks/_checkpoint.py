@@ -241,6 +241,7 @@ class Checkpoint(KfitCallback):
         self._raw_weights: list | None = None  # the trained weights, before model.fit swaps their EMA in
         #: ``(arrays, meta)`` of the step where training stopped inside an epoch: the final checkpoint's state.
         self._stopped_step: tuple | None = None
+        self._partial_keys: list[str] | None = None  # the keys the epoch training stopped in logged
         self._undo_ema_hook: Any = lambda: None
 
     def _chief(self) -> bool:
@@ -255,6 +256,7 @@ class Checkpoint(KfitCallback):
         self._steps_unsaved = 0
         self._epochs_done = 0
         self._stopped_step = None
+        self._partial_keys = None
         self.restored_from = None
         self.finished_before = False
         self.interrupted = False
@@ -516,7 +518,10 @@ class Checkpoint(KfitCallback):
         self._wait_writer()
         arrays, meta = self._stopped_step
         arrays = {name: array for name, array in arrays.items() if not name.startswith("history/")}
-        meta = dict(meta, history=_state.partial_history_state(self.training_run.history, arrays, epoch, logs))
+        if logs:  # the keys the partial epoch logs (a later save, after the History has its entry, has no logs)
+            self._partial_keys = sorted(logs)
+        meta = dict(meta, history=_state.partial_history_state(self.training_run.history, arrays, epoch, logs,
+                                                                self._partial_keys))
         self._write(arrays, meta)
 
     def _write(self, arrays: dict, meta: dict) -> None:

@@ -107,7 +107,8 @@ META: Spec = record({
     "stream": optional(record({}, {"position": COUNT, "seed": optional(INT), "shuffle": SHUFFLE,
                                    "num_samples": optional(COUNT), "kind": STR})),
     "callbacks": dict_of(ANY),
-    "history": optional(record({"epoch": list_of(ANY), "history": dict_of(list_of(ANY))}, {"partial": BOOL})),
+    "history": optional(record({"epoch": list_of(ANY), "history": dict_of(list_of(ANY))},
+                               {"partial": BOOL, "partial_keys": list_of(STR)})),
     "rng": record({
         "numpy": record({"algorithm": STR, "pos": COUNT, "has_gauss": INT, "gauss": NUMBER}),
         "python": record({"version": INT, "gauss_next": optional(NUMBER)}),

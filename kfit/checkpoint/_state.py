@@ -244,11 +244,17 @@ def _history_state(history: Any, arrays: dict, epoch: int | None, epoch_logs: di
             "history": _encode(record, arrays, "history", "history.history")}
 
 
-def partial_history_state(history: Any, arrays: dict, epoch: int | None, epoch_logs: dict | None) -> dict | None:
+def partial_history_state(history: Any, arrays: dict, epoch: int | None, epoch_logs: dict | None,
+                          keys: list[str] | None = None) -> dict | None:
     """The history of a run that stopped inside an epoch, once that epoch has ended: its last entry (the partial
-    epoch, as ``model.fit`` records it) is marked ``partial``, for :func:`drop_partial_epoch`."""
+    epoch, as ``model.fit`` records it) is marked ``partial``, with the ``keys`` it logged (those of ``epoch_logs``
+    when given: an earlier epoch may have logged others, say a cross-validation result), for
+    :func:`drop_partial_epoch`."""
     state = _history_state(history, arrays, epoch, epoch_logs)
-    return None if state is None else dict(state, partial=True)
+    if state is None:
+        return None
+    keys = sorted(epoch_logs) if epoch_logs else keys
+    return dict(state, partial=True) if keys is None else dict(state, partial=True, partial_keys=list(keys))
 
 
 def drop_partial_epoch(run: Run, history: dict | None) -> None:
@@ -260,7 +266,12 @@ def drop_partial_epoch(run: Run, history: dict | None) -> None:
         run.restored_history_epochs = run.restored_history_epochs[:-1]
     if run.history is not None and getattr(run.history, "epoch", None):
         run.history.epoch = run.history.epoch[:-1]
-        run.history.history = {key: values[:-1] for key, values in run.history.history.items()}
+        # The partial epoch's own values only: a key it did not log keeps every value (a checkpoint written before
+        # the keys were recorded drops the last value of each, as then).
+        logged = history.get("partial_keys")
+        logged = run.history.history.keys() if logged is None else set(logged)
+        run.history.history = {key: values[:-1] if key in logged else values
+                               for key, values in run.history.history.items() if values[:-1] or key not in logged}
 
 
 def _random_state(arrays: dict) -> dict:
