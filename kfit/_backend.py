@@ -158,6 +158,18 @@ def read_variable(model: Any, variable: Any) -> np.ndarray:
     return keras.ops.convert_to_numpy(variable.value)
 
 
+def fit_in_progress(model: Any, thread_id: int | None) -> bool:
+    """Whether a ``fit`` of ``model`` is running on the thread ``thread_id``: a frame of a method named ``fit`` whose
+    ``self`` is ``model`` is on that thread's stack. Keras tells callbacks nothing when ``fit`` ends with an exception;
+    this is how kfit knows, when it asks, that such a run is over. (The trainers' ``fit(self, ...)``, Keras 3.10-3.15.)"""
+    frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+    while frame is not None:
+        if frame.f_code.co_name == "fit" and "self" in frame.f_code.co_varnames and frame.f_locals.get("self") is model:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def sync_model(model: Any) -> None:
     """Makes the Keras variables hold the latest training state (a no-op off JAX)."""
     if BACKEND == "jax" and getattr(model, "_jax_state", None) and hasattr(model, "jax_state_sync"):

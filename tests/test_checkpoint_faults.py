@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import keras
@@ -274,6 +275,51 @@ def test_two_checkpoint_callbacks_on_one_path_are_refused(tmp_path):
     _fit(path)
     assert sorted(os.listdir(tmp_path)) == ["run.ckpt"]
     assert not first._lock.held
+
+
+@pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])
+def test_a_run_ended_by_an_exception_leaves_the_path_to_the_next_run_on_a_new_model(tmp_path, loop):
+    """A user's callback raises (Keras tells the other callbacks nothing); the cell is run again, building a new model:
+    the new run takes the path and resumes from what the failed one saved. kfit.fit puts the signal handlers back
+    as the error leaves it; under plain model.fit they go back when the next run takes the path over."""
+    path = tmp_path / "run.ckpt"
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+
+    class Fails(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:  # (after the checkpoint at sample 8)
+                raise RuntimeError("the user's callback failed")
+
+    def train(extra=()):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        x, y = np.ones((16, 3), "float32"), np.ones((16, 1), "float32")
+        checkpoint = kfit.callbacks.Checkpoint(path, frequency=8)
+        if loop == "kfit.fit":
+            kfit.fit(model, x, y, minibatch_size=4, epochs=2, callbacks=[checkpoint, *extra], verbose=0)
+        else:
+            model.fit(x, y, batch_size=4, epochs=2, verbose=0,
+                      callbacks=[kfit.callbacks.SampleClock(4, 16), checkpoint, *extra])
+        return checkpoint
+
+    with pytest.raises(RuntimeError, match="the user's callback failed"):
+        train([Fails()])
+    if loop == "kfit.fit":
+        assert not failed_lock_held(tmp_path)
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (model.fit's note that its resume starts at an epoch's beginning)
+        retry = train()
+    assert retry.restored_from is not None and retry.restored_from.samples == 8
+    assert read_checkpoint_info(path).status == "complete" and read_checkpoint_info(path).samples == 32
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    assert not failed_lock_held(tmp_path)
+
+
+def failed_lock_held(directory) -> bool:
+    """Whether a lock file of a checkpoint path is left in ``directory`` (a holder removes it when it lets go)."""
+    return any(name.endswith(".lock") for name in os.listdir(directory))
 
 
 @pytest.mark.slow

@@ -228,9 +228,11 @@ class Checkpoint(KfitCallback):
         #: How many writes of the last run failed (with ``on_write_error="warn"``).
         self.failed_writes = 0
         self._writer = _BackgroundWriter()
-        self._lock = _lock.PathLock(path, f"kfit Checkpoint callback {self.name!r}", active=self._holds_run)
+        self._lock = _lock.PathLock(path, f"kfit Checkpoint callback {self.name!r}", active=self._holds_run,
+                                    taken_over=self.release)
         self._guard = _signals.SignalGuard(self._on_signal)
         self._training = False
+        self._training_thread: int | None = None  # the thread whose fit this callback saves
         self._preempted: int | None = None
         self._preempt_at_epoch_end = False
         self._lost_ctrl_c = False
@@ -280,14 +282,16 @@ class Checkpoint(KfitCallback):
             self.release()
             raise
         self._training = True
+        self._training_thread = threading.get_ident()
         self._guard.install()
 
     def _holds_run(self) -> bool:
-        """Training with this callback is under way (False after a run that ended with an exception, which
-        Keras does not report to callbacks: kfit.fit has ended its run then)."""
-        if not self._training:
+        """Training with this callback is under way: False after a run that ended with an exception, which Keras
+        does not report to callbacks (kfit.fit has ended its run then; under plain model.fit, no fit of the model
+        runs on the thread that trained)."""
+        if not self._training or _run.current_run(self._model) is not self.training_run:
             return False
-        return _run.current_run(self._model) is self.training_run
+        return _backend.fit_in_progress(self._model, self._training_thread)
 
     def _check_writable(self) -> None:
         from kfit.checkpoint import make_directory
@@ -411,6 +415,18 @@ class Checkpoint(KfitCallback):
         try:
             self._writer.wait()
         finally:
+            self._guard.uninstall()
+            self._lock.release()
+
+    def run_ended(self) -> None:
+        """The run ended (told by its loop, also after an exception, which Keras does not report to callbacks): lets
+        go of the path and puts the signal handlers back now, as on_train_end does (a failed write is printed: the
+        run's own exception is the one to see)."""
+        if self._training:
+            self._training = False
+            self._undo_ema_hook()
+            self._undo_ema_hook = lambda: None
+            self._wait_writer_quietly()
             self._guard.uninstall()
             self._lock.release()
 

@@ -45,15 +45,19 @@ class PathLock:
         owner: who holds it, for the message another writer gets (e.g. "Checkpoint callback 'checkpoint'").
         active: tells whether the holder still uses the path; a holder in this process that does not (say,
             the Checkpoint of a run that ended with an exception) is released when another writer asks.
+        taken_over: called (with no lock held) when another writer in this process took the path from this
+            holder because it was not active: the holder ends what it still holds (e.g. its signal handlers).
 
     Use ``acquire()`` / ``release()``, or ``with PathLock(path, owner):``. Acquiring again is a no-op.
     """
 
-    def __init__(self, path: str | os.PathLike, owner: str, active: Callable[[], bool] | None = None):
+    def __init__(self, path: str | os.PathLike, owner: str, active: Callable[[], bool] | None = None,
+                 taken_over: Callable[[], None] | None = None):
         self.path = os.fspath(path)
         self.file = lock_path(self.path)
         self.owner = owner
         self.active = active
+        self.taken_over = taken_over
         self._fd: int | None = None
 
     @property
@@ -71,10 +75,10 @@ class PathLock:
             return
         key = os.path.abspath(self.file)
         with _guard:
-            holder = _held.get(key)
+            holder, stale = _held.get(key), None
             if holder is not None and holder is not self and holder.active is not None and not holder.active():
                 holder._release_unguarded()
-                holder = None
+                holder, stale = None, holder
             if holder is not None and holder is not self:
                 raise CheckpointLockedError(
                     f"The checkpoint path {self.path!r} is in use by {holder.owner} in this process "
@@ -84,6 +88,8 @@ class PathLock:
                 )
             self._fd = self._lock(key)
             _held[key] = self
+        if stale is not None and stale.taken_over is not None:
+            stale.taken_over()
 
     def _lock(self, key: str) -> int:
         while True:
