@@ -121,6 +121,32 @@ def test_a_run_restored_from_an_older_checkpoint_rewrites_the_rows_after_it(tmp_
     assert rows[1]["time"] != whole[1]["time"]
 
 
+def test_a_run_continued_from_a_stop_inside_an_epoch_writes_the_uninterrupted_runs_rows(tmp_path):
+    """Stopped at 80 samples (inside the second epoch), the run wrote that partial epoch's row, and the final test's,
+    after its last step was saved; the continued run drops both: the file is the uninterrupted run's."""
+    x, y = data()
+
+    def run(directory, **options):
+        callbacks = [PublishEvaluations(), CSVHistory(directory / "history.csv"),
+                     kfit.callbacks.Checkpoint(str(directory / "run.ckpt"))]
+        keras.utils.set_random_seed(0)
+        kfit.fit(classifier(), x, y, minibatch_size=16, epochs=2, seed=0, verbose=0, callbacks=callbacks, **options)
+        return read(directory / "history.csv")
+
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "stopped").mkdir()
+    columns, whole = run(tmp_path / "whole")
+    _, stopped = run(tmp_path / "stopped", max_samples=160)
+    assert [(r["kind"], r["samples"]) for r in stopped] == [
+        ("cross_validation", "48"), ("epoch", "96"), ("epoch", "160"), ("test", "160")]
+    continued_columns, continued = run(tmp_path / "stopped")
+    assert [(r["kind"], r["samples"]) for r in continued] == [
+        ("cross_validation", "48"), ("epoch", "96"), ("epoch", "192"), ("test", "192")]
+    assert continued_columns == columns
+    assert [{k: v for k, v in r.items() if k != "time"} for r in continued] == [
+        {k: v for k, v in r.items() if k != "time"} for r in whole]
+
+
 def test_under_model_fit_with_a_sample_clock(tmp_path):
     x, y = data(n=40)
     path = tmp_path / "history.csv"

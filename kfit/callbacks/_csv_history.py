@@ -39,10 +39,11 @@ class CSVHistory(KfitCallback):
     time). A result that first appears later (a new metric) widens the file: it is rewritten with the union of
     the columns, earlier rows left empty there.
 
-    The file is the state. A resumed run (the clock restored from a checkpoint) first drops the rows past
-    the restored clock, which it will train again, and appends from there: no row is written twice. A
-    run that starts from 0 in an existing file therefore replaces that file's rows. Only the chief
-    worker writes.
+    The file is the state. A resumed run (the clock restored from a checkpoint) first drops the rows written after
+    the checkpoint's state was taken (those past the restored clock, which it will train again, and those at it:
+    the epoch that a run stopped in the middle of wrote its row after its last step was saved) and appends from
+    there: no row is written twice, and the file is the uninterrupted run's. A run that starts from 0 in an
+    existing file therefore replaces that file's rows. Only the chief worker writes.
 
     Args:
         path: the CSV file (created with its directory if missing).
@@ -66,6 +67,8 @@ class CSVHistory(KfitCallback):
         self.path = os.fspath(path)
         self._columns: list[str] | None = None
         self._truncated = False
+        self._rows: int | None = None  # the rows in the file (known once this run has read it)
+        self._restored_rows: int | None = None  # the rows the file had when the restored checkpoint was taken
         self._scheduled = ScheduledValues()
 
     # -- the file --------------------------------------------------------------------------------
@@ -89,17 +92,21 @@ class CSVHistory(KfitCallback):
         self._columns = columns
 
     def _truncate_to(self, samples: int) -> None:
-        """Keeps the rows at or before ``samples`` (those a resumed run will not write again)."""
+        """Keeps the rows at or before ``samples`` that the file had when a restored checkpoint was taken (those a
+        resumed run will not write again)."""
         self._truncated = True
+        restored, self._restored_rows = self._restored_rows, None
         columns, rows = self._read()
+        self._rows = 0
         if not columns:
             return
         if "samples" not in columns:
             raise ValueError(f"{self.path} exists and is not a kfit CSV history (no `samples` column). Choose another path.")
-        kept = [row for row in rows if _parse(row.get("samples")) <= samples]
+        kept = [row for row in rows if _parse(row.get("samples")) <= samples][:restored]
         if len(kept) != len(rows):
             self._rewrite(columns, kept)
         self._columns = columns
+        self._rows = len(kept)
 
     def write_row(self, kind: str, results: dict[str, Any]) -> None:
         """Appends one row of ``kind`` with the clock, ``results`` and the hyperparameters (chief only)."""
@@ -133,11 +140,13 @@ class CSVHistory(KfitCallback):
             self._rewrite([*LEADING_COLUMNS, *results_columns, *TRAILING_COLUMNS], rows)
         with open(self.path, "a", newline="", encoding="utf-8") as f:
             csv.DictWriter(f, fieldnames=self._columns, restval="").writerow(row)
+        self._rows = (self._rows or 0) + 1
 
     # -- hooks -----------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
         # The clock is restored after every on_train_begin (the checkpoint comes last): truncate later.
         self._truncated = False
+        self._rows = self._restored_rows = None
         self._scheduled.reset()
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
@@ -160,3 +169,12 @@ class CSVHistory(KfitCallback):
 
     def on_hyperparameter_change(self, name: str, value: float, scheduled: float, unit: str) -> None:
         self._scheduled.observe(name, value, self.clock, self.training_run.max_samples)
+
+    # -- state -----------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {} if self._rows is None else {"rows": self._rows}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        rows = state.get("rows")
+        self._restored_rows = None if rows is None else int(rows)
+        self._truncated = False  # (the clock was restored too: truncate at the next hook)
