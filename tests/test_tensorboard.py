@@ -110,6 +110,29 @@ def test_a_resumed_run_replaces_the_points_it_trains_again(tmp_path):
     assert [v for _, v in loss] == pytest.approx([first.history["loss"][0], *second.history["loss"]], rel=1e-6)
 
 
+def test_a_run_continued_from_a_stop_inside_an_epoch_shows_the_uninterrupted_runs_points(tmp_path):
+    """Stopped at 48 samples, inside the first epoch, right after a cross-validation there: the partial epoch's points
+    at 48 (written after the checkpoint was taken) go, the cross-validation's (before it) stay, and the continued run
+    writes no point again for a value that has not changed (minibatch size, rate, momentum)."""
+    x, y = data()
+
+    def run(log_dir, **options):
+        callbacks = [kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(0.002)),
+                     kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant(100)),
+                     PublishEvaluations(), TensorBoardProgressWriter(log_dir),
+                     kfit.callbacks.Checkpoint(str(tmp_path / f"{log_dir.name}.ckpt"))]
+        keras.utils.set_random_seed(0)
+        kfit.fit(classifier(), x, y, minibatch_size=16, epochs=2, seed=0, verbose=0, callbacks=callbacks, **options)
+        return {tag: points for tag, points in read_scalars(log_dir).items() if tag != "samples_per_second"}
+
+    whole = run(tmp_path / "whole")
+    stopped = run(tmp_path / "stopped", max_samples=48)
+    assert stopped["loss"] == [(48, pytest.approx(stopped["loss"][0][1]))] and stopped["val_loss"] == [(48, 0.5)]
+    continued = run(tmp_path / "stopped")
+    assert continued == whole
+    assert [s for s, _ in whole["loss"]] == [96, 192] and [s for s, _ in whole["lr"]] == [0, 96, 192]
+
+
 def test_event_file_records(tmp_path):
     # CRC-32C's check value, through the TFRecord mask.
     masked = _masked_crc32c(b"123456789")

@@ -122,7 +122,9 @@ class TensorBoardProgressWriter(KfitCallback):
     ``minibatch/<metric>``. Every step is ``clock.samples``.
 
     Each run writes a new event file in ``log_dir`` that starts with a restart mark at the clock's value,
-    so a resumed run replaces the points that it trains again. Needs neither TensorFlow nor TensorBoard
+    so a resumed run replaces the points that it trains again, and those written at the restored reading after its
+    checkpoint was taken (the partial epoch of a run stopped inside one); the points of that reading written before,
+    which the checkpoint holds, are written again after the mark. Needs neither TensorFlow nor TensorBoard
     to write; view with ``tensorboard --logdir LOG_DIR``. Only the chief worker writes.
 
     The first argument is ``log_dir``, as in ``keras.callbacks.TensorBoard``. CNTK's positional order
@@ -167,6 +169,8 @@ class TensorBoardProgressWriter(KfitCallback):
         self._scheduled = ScheduledValues()
         self._epoch_time = 0.0
         self._epoch_samples = 0
+        self._points: tuple[int | None, list] = (None, [])  # the step of the last points written, and (tag, value)s
+        self._restored_points: list | None = None  # those of the restored reading, when the checkpoint was taken
         if freq is None:
             without_step_end(self)  # epoch scalars only: no per-step work, no per-step sync
 
@@ -177,6 +181,9 @@ class TensorBoardProgressWriter(KfitCallback):
         if self._writer is None:
             self._writer = EventFileWriter(self.log_dir)
         self._writer.scalar(tag, value, step)
+        if self._points[0] != step:
+            self._points = (step, [])
+        self._points[1].append((tag, float(value)))
 
     def _write_logs(self, logs: dict, step: int, skip: tuple = ()) -> None:
         for key, value in kfit_names(logs).items():
@@ -193,6 +200,7 @@ class TensorBoardProgressWriter(KfitCallback):
         self._close()  # each run writes its own file
         self._training = True
         self._started = False
+        self._points, self._restored_points = (None, []), None
         self._scheduled.reset()
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
@@ -208,8 +216,14 @@ class TensorBoardProgressWriter(KfitCallback):
             self._started = True
             if self._writer is None:
                 self._writer = EventFileWriter(self.log_dir)
-            # Points at the restored clock reading itself were written before the checkpoint: keep them.
-            self._writer.session_start(clock.samples + 1 if clock.samples else 0)
+            restored, self._restored_points = self._restored_points, None
+            if restored is None or not clock.samples:
+                # (A checkpoint that does not say which points its reading had: keep the points at that reading.)
+                self._writer.session_start(clock.samples + 1 if clock.samples else 0)
+                return
+            self._writer.session_start(clock.samples)
+            for tag, value in restored:  # the points of this reading that the checkpoint's state had
+                self.write_value(tag, value, clock.samples)
 
     def on_step_begin(self, clock: Clock) -> None:
         self._mark_start(clock)
@@ -264,7 +278,17 @@ class TensorBoardProgressWriter(KfitCallback):
 
     # -- state -----------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
-        return {"intervals": self._intervals.get_state()}
+        clock = getattr(getattr(self, "_run", None), "clock", None)
+        step, points = self._points
+        at_clock = points if clock is not None and step == clock.samples else []
+        return {"intervals": self._intervals.get_state(), "points_at_clock": [[tag, value] for tag, value in at_clock],
+                "scheduled": {"size": self._scheduled.size, "values": dict(self._scheduled.values)}}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._intervals.set_state(state.get("intervals"))
+        points = state.get("points_at_clock")
+        self._restored_points = None if points is None else [(str(tag), float(value)) for tag, value in points]
+        scheduled = state.get("scheduled")
+        if scheduled is not None:  # the values already written: a resumed run writes a point when one changes
+            self._scheduled.size = None if scheduled.get("size") is None else int(scheduled["size"])
+            self._scheduled.values = {str(k): float(v) for k, v in scheduled.get("values", {}).items()}
