@@ -373,6 +373,15 @@ def torch_data_loader(adapter: Any) -> Any:
     return adapter.get_torch_dataloader() if type(adapter).__name__ == "TorchDataLoaderAdapter" else None
 
 
+def shuffles_from_process_random_state(adapter: Any) -> bool:
+    """Whether Keras's adapter for arrays shuffles them with the process's random state as each pass begins
+    (``shuffle=True`` or ``"batch"`` on JAX: NumPy's global generator; on PyTorch: torch's default one), which a
+    checkpoint does not hold as it was then. On TensorFlow the pass is a ``tf.data`` pipeline, whose iterator state
+    kfit saves. (``ArrayDataAdapter._shuffle``, checked against Keras 3.10-3.15.)"""
+    return (BACKEND != "tensorflow" and type(adapter).__name__ == "ArrayDataAdapter"
+            and bool(getattr(adapter, "_shuffle", False)))
+
+
 def pydataset_queue_first_batch(adapter: Any) -> Any:
     """The first batch of a ``PyDataset`` read by workers (Keras's adapter for it has a queue: ``workers > 0``), as
     its pass's iterator gives it, read without taking it from the queue; None for any other source. The queue

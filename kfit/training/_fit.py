@@ -302,6 +302,14 @@ def _fit_with_model_fit(model: Any, x: Any, y: Any, sample_weight: Any, validati
     return _returned_history(model, callbacks, history, summaries)
 
 
+SHUFFLED_ARRAYS_RESUME = (
+    "This resume is not exact: with steps_per_epoch, arrays are read by Keras's own adapter, which shuffles each pass "
+    "with the process's random state as the pass begins (NumPy's on JAX, torch's on PyTorch), and the resumed run's "
+    "passes draw other orders. For an exact resume give kfit.fit epoch_size=steps_per_epoch * minibatch_size in place "
+    "of steps_per_epoch (kfit's own stream, which resumes arrays exactly), or shuffle=False."
+)
+
+
 def _returned_history(model: Any, callbacks: list, history: RunHistory, summaries: EpochSummaries) -> Any:
     """What ``fit`` returns and leaves as ``model.history``: as under ``model.fit``, a ``History`` the user passed
     (the last, as Keras picks it), here holding the run's record (a checkpoint's restored epochs too), else the
@@ -406,9 +414,12 @@ class _RunControl(keras.callbacks.Callback):
                   f"from {source.saved_state}, saved in the checkpoint, and the first {skip} samples it yields are "
                   "drawn and dropped.", file=sys.stderr)
         else:
-            print(f"kfit: a {type(source.inner).__name__.removesuffix('DataAdapter')} source cannot seek: resuming at "
+            kind = type(source.inner).__name__.removesuffix("DataAdapter")
+            print(f"kfit: {'an' if kind[:1] in 'AEIOU' else 'a'} {kind} source cannot seek: resuming at "
                   f"sample {clock.samples} by drawing and dropping the first {skip} samples it yields"
                   f"{'' if source.continues else ' in epoch ' + str(epoch + 1)}.", file=sys.stderr)
+            if _backend.shuffles_from_process_random_state(source.inner):
+                warnings.warn(SHUFFLED_ARRAYS_RESUME, stacklevel=2)
         return mid_epoch
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
