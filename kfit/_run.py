@@ -177,11 +177,11 @@ def start(run: Run) -> Run:
 
 def end(run: Run) -> None:
     """Drops ``run``: the model is free for the next run. Its clock stays readable by :func:`last_clock`. Each kfit
-    callback with a ``run_ended()`` is told (after an exception, the only word it gets that training is over)."""
+    callback with a ``_run_ended()`` is told (after an exception, the only word it gets that training is over)."""
     if _CURRENT.get(run.model) is run:
         del _CURRENT[run.model]
     for callback in run.members():
-        ended = getattr(callback, "run_ended", None)
+        ended = getattr(callback, "_run_ended", None)
         if ended is not None:
             ended()
     if run.driver is not None:

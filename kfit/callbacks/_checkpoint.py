@@ -418,7 +418,7 @@ class Checkpoint(KfitCallback):
             self._guard.uninstall()
             self._lock.release()
 
-    def run_ended(self) -> None:
+    def _run_ended(self) -> None:
         """The run ended (told by its loop, also after an exception, which Keras does not report to callbacks): lets
         go of the path and puts the signal handlers back now, as on_train_end does (a failed write is printed: the
         run's own exception is the one to see)."""
