@@ -229,7 +229,7 @@ class Checkpoint(KfitCallback):
         self.failed_writes = 0
         self._writer = _BackgroundWriter()
         self._lock = _lock.PathLock(path, f"kfit Checkpoint callback {self.name!r}", active=self._holds_run,
-                                    taken_over=self.release)
+                                    taken_over=self._run_ended)
         self._guard = _signals.SignalGuard(self._on_signal)
         self._training = False
         self._training_thread: int | None = None  # the thread whose fit this callback saves
