@@ -414,7 +414,7 @@ class _RunControl(keras.callbacks.Callback):
                   f"from {source.saved_state}, saved in the checkpoint, and the first {skip} samples it yields are "
                   "drawn and dropped.", file=sys.stderr)
         else:
-            kind = type(source.inner).__name__.removesuffix("DataAdapter")
+            kind = type(source.inner).__name__.removesuffix("Adapter").removesuffix("Data")  # Array, TorchDataLoader
             print(f"kfit: {'an' if kind[:1] in 'AEIOU' else 'a'} {kind} source cannot seek: resuming at "
                   f"sample {clock.samples} by drawing and dropping the first {skip} samples it yields"
                   f"{'' if source.continues else ' in epoch ' + str(epoch + 1)}.", file=sys.stderr)
