@@ -409,24 +409,23 @@ class Checkpoint(KfitCallback):
         back and releases the path's lock. Training does this when it ends; call it after a run that was
         interrupted by an exception (which Keras does not report to callbacks) to let another writer use the
         path at once (it is also released when this callback is garbage-collected)."""
-        self._training = False
-        self._undo_ema_hook()
-        self._undo_ema_hook = lambda: None
-        try:
-            self._writer.wait()
-        finally:
-            self._guard.uninstall()
-            self._lock.release()
+        self._let_go(self._writer.wait)
 
     def _run_ended(self) -> None:
         """The run ended (told by its loop, also after an exception, which Keras does not report to callbacks): lets
         go of the path and puts the signal handlers back now, as on_train_end does (a failed write is printed: the
         run's own exception is the one to see)."""
         if self._training:
-            self._training = False
-            self._undo_ema_hook()
-            self._undo_ema_hook = lambda: None
-            self._wait_writer_quietly()
+            self._let_go(self._wait_writer_quietly)
+
+    def _let_go(self, wait: Callable[[], None]) -> None:
+        """Ends the hold on the path: ``wait`` for the write in flight, then the signal handlers and the lock go back."""
+        self._training = False
+        self._undo_ema_hook()
+        self._undo_ema_hook = lambda: None
+        try:
+            wait()
+        finally:
             self._guard.uninstall()
             self._lock.release()
 

@@ -202,6 +202,13 @@ class ScheduledValues:
         self.size = None
         self.values = {}
 
+    def get_state(self) -> dict[str, Any]:
+        return {"size": self.size, "values": dict(self.values)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.size = None if state.get("size") is None else int(state["size"])
+        self.values = {str(k): float(v) for k, v in state.get("values", {}).items()}
+
     def is_cut_step(self, clock: Clock, max_samples: int | None) -> bool:
         """True when the minibatch about to be trained is shortened to end an epoch (or the run)."""
         size = clock.minibatch_size

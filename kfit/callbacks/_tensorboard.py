@@ -282,7 +282,7 @@ class TensorBoardProgressWriter(KfitCallback):
         step, points = self._points
         at_clock = points if clock is not None and step == clock.samples else []
         return {"intervals": self._intervals.get_state(), "points_at_clock": [[tag, value] for tag, value in at_clock],
-                "scheduled": {"size": self._scheduled.size, "values": dict(self._scheduled.values)}}
+                "scheduled": self._scheduled.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._intervals.set_state(state.get("intervals"))
@@ -290,5 +290,4 @@ class TensorBoardProgressWriter(KfitCallback):
         self._restored_points = None if points is None else [(str(tag), float(value)) for tag, value in points]
         scheduled = state.get("scheduled")
         if scheduled is not None:  # the values already written: a resumed run writes a point when one changes
-            self._scheduled.size = None if scheduled.get("size") is None else int(scheduled["size"])
-            self._scheduled.values = {str(k): float(v) for k, v in scheduled.get("values", {}).items()}
+            self._scheduled.set_state(scheduled)
