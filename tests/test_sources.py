@@ -703,6 +703,46 @@ def test_a_shuffling_dataloader_resumes_exactly_from_its_saved_random_states(own
     assert kfit.get_clock(resumed).samples == 200
 
 
+@pytest.mark.parametrize(("stop_at", "restored_at", "dropped"), [
+    (24, 24, 24),  # at the end of epoch 1, in the first pass (epochs of 3 steps, passes of 7)
+    (80, 82, 32),  # in the second pass (the step that reaches it ends at 82)
+    (100, 100, 50),  # at the second pass's end (the next pass begins with the next epoch)
+])
+@pytest.mark.parametrize("own_generator", [False, True], ids=["torch_default_generator", "own_generator"])
+def test_a_shuffling_dataloader_read_on_across_epochs_resumes_exactly(own_generator, stop_at, restored_at, dropped,
+                                                                      tmp_path, capfd):
+    """With steps_per_epoch, Keras reads a DataLoader on across epochs, and a new pass (a new shuffle order) begins
+    where the last ended, not at an epoch: the checkpoint holds the random states the pass being read began from and
+    where it began, so a resumed run reads that pass's order again, from where it was. Dropout draws from torch's
+    default generator on the PyTorch backend, as the loader does: both must be where the interrupted run had them."""
+    def run(model, **more):
+        return kfit.fit(model, shuffling_loader(own_generator), epochs=9, steps_per_epoch=3, verbose=0, **more)
+
+    def model():
+        return compiled(mlp(dropout=0.5), keras.optimizers.SGD(0.01, momentum=0.9))
+
+    plain = model()
+    plain.fit(shuffling_loader(own_generator), epochs=9, steps_per_epoch=3, verbose=0)
+    reference = model()
+    run(reference, callbacks=[kfit.callbacks.Checkpoint(tmp_path / "reference.ckpt", frequency=1000)])
+    for a, b in zip(weights(plain), weights(reference)):  # the order of model.fit's passes
+        np.testing.assert_array_equal(a, b)
+
+    path = tmp_path / "run.ckpt"
+    run(model(), max_samples=stop_at, callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)])
+    resumed = model()
+    checkpoint = kfit.callbacks.Checkpoint(path, frequency=1000)
+    run(resumed, callbacks=[checkpoint])
+    assert checkpoint.restored_from.samples == restored_at
+    err = capfd.readouterr().err
+    assert ("the DataLoader source restarts the pass it was reading from the states of the random generators"
+            f" its shuffle order and workers' seeds came from, saved in the checkpoint, and the first "
+            f"{dropped} samples it yields are drawn and dropped") in err, err
+    for a, b in zip(weights(reference), weights(resumed)):
+        np.testing.assert_array_equal(a, b)
+    assert kfit.get_clock(resumed).samples == 150
+
+
 def test_a_resumed_epoch_cut_to_the_steps_it_had_left_is_not_reported_as_the_data_running_out(tmp_path):
     """Keras warns "Your input ran out of data" when a source ends before ``steps_per_epoch``; the epoch a run resumes
     in ends early by kfit's doing (the steps it had left), which is no reason to warn. (A source that does run out is

@@ -16,8 +16,9 @@ reshuffles at every epoch resumes exactly. A pipeline TensorFlow cannot save (a 
 ``from_generator`` or a stateful random op in it) skips ahead only. A torch ``DataLoader`` (``shuffle=True``, workers)
 draws its pass's shuffle order and workers' seeds from torch's random generators when the pass begins: the
 checkpoint holds their states as the epoch's pass began, and a resumed run puts them back for the draws of that pass,
-then skips ahead: a shuffling DataLoader resumes exactly (a dataset that draws random numbers itself as it is read, say
-for augmentation, is not reproduced by skipping ahead).
+then skips ahead: a shuffling DataLoader resumes exactly (read on across epochs, ``steps_per_epoch``, the checkpoint
+also holds the sample its pass began at, and only the samples since then are dropped; a dataset that draws random
+numbers itself as it is read, say for augmentation, is not reproduced by skipping ahead).
 """
 
 from __future__ import annotations
@@ -179,7 +180,12 @@ class SourceAdapter(_backend.DataAdapter):
         #: A torch DataLoader read from its start at every epoch: a checkpoint saves the states of the random
         #: generators the last pass opened drew from as it began (see :func:`_loader_generators`).
         self._loader = _backend.torch_data_loader(inner)
-        self._saves_draws = save_passes and self._loader is not None and not self.continues
+        self._saves_draws = save_passes and self._loader is not None and self.restarts
+        #: Samples read from the loader's passes since the run began, and when the pass being read began: read on
+        #: across epochs (``steps_per_epoch``), a resumed run opens the pass the checkpoint was saved in and drops only
+        #: the samples it had trained of that pass.
+        self._samples_read = 0
+        self._pass_start = 0
         #: A DataLoader pass is read no further than its length where model.fit's own loop reads no further
         #: (:func:`_backend.fit_reads_past_a_pass`): a batch asked for after the last ends the pass, and its sampler
         #: then draws once more from its generator, which model.fit's next pass would not see.
@@ -316,7 +322,14 @@ class SourceAdapter(_backend.DataAdapter):
         """
         self._skip = samples if self.continues else samples_in_epoch
         restored, self._restored_pass = self._restored_pass, None
-        if restored is not None and not self.continues:
+        pass_start = restored.get("pass_start") if isinstance(restored, dict) else None
+        if restored is not None and self.continues and pass_start is not None and 0 <= pass_start <= samples:
+            # A DataLoader read on across epochs: the pass the checkpoint was saved in, from the random states it
+            # began from, less the samples trained in it.
+            self._skip, self._samples_read = samples - pass_start, pass_start
+            self._reopen = (restored, False)
+            self.reopens = True
+        elif restored is not None and not self.continues:
             # Saved mid-epoch: the pass the epoch reads. Saved at an epoch's end: the pass of the epoch that ended,
             # whose random state the next pass follows.
             self._reopen = (restored, samples_in_epoch == 0)
@@ -378,6 +391,7 @@ class SourceAdapter(_backend.DataAdapter):
         on from those draws, as in the uninterrupted run."""
         generators = _loader_generators(self._loader)
         self._pass_end_states = None
+        self._pass_start = self._samples_read
         if reopen is not None:
             saved, ended = reopen
             if ended:
@@ -393,9 +407,22 @@ class SourceAdapter(_backend.DataAdapter):
                 if restored is not None:
                     generators[0].set_state(restored)
                 self._pass_state = saved["start"]
-                return iterator if first is _END else itertools.chain([first], iterator)
+                return self._counted(iterator if first is _END else itertools.chain([first], iterator))
         self._pass_state = _generator_states(generators)
-        return iter(self._passes())
+        return self._counted(iter(self._passes()))
+
+    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """``batches``, counting their samples in ``_samples_read`` as they are read (a pass read on across epochs
+        begins where the samples read before it end: nothing read is left untrained there)."""
+        if not self.continues:
+            return batches
+
+        def counting() -> Iterator[Any]:
+            for batch in batches:
+                self._samples_read += batch_size_of(batch)
+                yield batch
+
+        return counting()
 
     def _draw_unread_loader_pass(self) -> None:
         # Keras's PyTorch loop makes the next epoch's DataLoader iterator as soon as an epoch's last step has run, and
@@ -422,6 +449,8 @@ class SourceAdapter(_backend.DataAdapter):
             now = self._pass_end_states
             state = {"kind": "DataLoader", "generators": list(self._pass_state),
                      "now": now if now is not None else _generator_states(_loader_generators(self._loader))}
+            if self.continues:
+                state["pass_start"] = self._pass_start
         elif self._pass_state is not None and self._saves_passes:
             state = {"kind": "tf.data", "iterator": self._pass_state}
         if self._pass_end_call_due():
@@ -463,6 +492,8 @@ class SourceAdapter(_backend.DataAdapter):
                                  f"kind {state.get('kind')!r}, keys {sorted(state)}.")
             self._restored_pass = {part: [None if s is None else np.asarray(s, dtype=np.uint8) for s in states]
                                    for part, states in saved.items()}
+            if state.get("pass_start") is not None:
+                self._restored_pass["pass_start"] = int(state["pass_start"])
             return
         if state.get("kind") != "tf.data" or "iterator" not in state:
             raise ValueError(f"The saved source state is not a tf.data iterator's: keys {sorted(state)}.")

@@ -410,7 +410,8 @@ class _RunControl(keras.callbacks.Callback):
         if mid_epoch:
             fit.run.batch_offset = steps_in_epoch or source.steps_into_epoch(epoch, clock.minibatches, clock.samples_in_epoch)
         if source.reopens:  # (epochs counted from 1, as in the resume line)
-            print(f"kfit: resuming at sample {clock.samples}: the {source.state_kind} source restarts epoch {epoch + 1} "
+            reopened = "the pass it was reading" if source.continues else f"epoch {epoch + 1}"
+            print(f"kfit: resuming at sample {clock.samples}: the {source.state_kind} source restarts {reopened} "
                   f"from {source.saved_state}, saved in the checkpoint, and the first {skip} samples it yields are "
                   "drawn and dropped.", file=sys.stderr)
         else:
