@@ -407,6 +407,29 @@ def test_a_tf_data_pipeline_tensorflow_cannot_save_resumes_by_skipping_ahead(tmp
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("built", [False, True], ids=["unbuilt", "built"])
+@pytest.mark.parametrize("shuffle", [True, "batch"])
+def test_shuffled_arrays_read_by_kerass_adapter_train_in_model_fits_order(shuffle, built, tmp_path):
+    """Arrays with a steps_per_epoch kfit's stream cannot reproduce go through Keras's own adapter, which shuffles
+    each pass with the process's random state (NumPy's on JAX, torch's default generator on PyTorch). kfit's look at
+    the first batch draws where model.fit's does: from the generator Keras's loop reads the batch through while the
+    model is not built (on PyTorch, the adapter's DataLoader, not its NumPy iterator), and from none when it is."""
+    results = []
+    for loop in ("model.fit", "kfit.fit"):
+        model = compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9))
+        if built:
+            model.evaluate(X[:8], Y[:8], verbose=0)
+        np.random.seed(0)  # (mlp() seeded torch's default generator)
+        if loop == "model.fit":
+            model.fit(X, Y, batch_size=8, epochs=6, steps_per_epoch=3, shuffle=shuffle, verbose=0)
+        else:  # (a Checkpoint: kfit's loop)
+            kfit.fit(model, X, Y, batch_size=8, epochs=6, steps_per_epoch=3, shuffle=shuffle, verbose=0,
+                     callbacks=[kfit.callbacks.Checkpoint(tmp_path / "run.ckpt")])
+        results.append(weights(model))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_shuffled_arrays_read_by_kerass_adapter_resume_exactly_or_say_they_do_not(tmp_path, capfd):
     """Arrays with a steps_per_epoch kfit's stream cannot reproduce (5 steps of 8 in sweeps of 50) go through Keras's
     own adapter. On TensorFlow its pass is a tf.data pipeline whose state the checkpoint holds: exact. On JAX and

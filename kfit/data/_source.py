@@ -586,8 +586,18 @@ class SourceAdapter(_backend.DataAdapter):
             states = None if generators is None else _generator_states(generators)
             # (not from a PyDataset's queue of workers, one stream: model.fit would train on the batch taken)
             first = None if draws else _backend.pydataset_queue_first_batch(self.inner)
-            if first is None:
+            shuffled_arrays = _backend.shuffles_from_process_random_state(self.inner)
+            if first is None and draws and shuffled_arrays and _backend.BACKEND == "torch":
+                # Keras's PyTorch loop reads it from the adapter's DataLoader, whose sampler draws from torch's
+                # default generator (its NumPy iterator would draw from NumPy's, which model.fit does not touch).
+                batch = next(iter(self.inner.get_torch_dataloader()))
+                first = keras.tree.map_structure(lambda t: None if t is None else keras.ops.convert_to_numpy(t),
+                                                 batch, none_is_leaf=False)
+            elif first is None:
+                numpy_state = np.random.get_state() if shuffled_arrays and not draws else None
                 first = next(iter(self.inner.get_numpy_iterator()))
+                if numpy_state is not None:  # (model.fit reads no batch here: its first pass draws the order)
+                    np.random.set_state(numpy_state)
             if states is not None:
                 # model.fit reads no batch before its first epoch here: the pass this read began leaves the loader's
                 # random generators where they were (its base seed and shuffle order were drawn from them).
