@@ -375,11 +375,42 @@ def torch_data_loader(adapter: Any) -> Any:
 
 def shuffles_from_process_random_state(adapter: Any) -> bool:
     """Whether Keras's adapter for arrays shuffles them with the process's random state as each pass begins
-    (``shuffle=True`` or ``"batch"`` on JAX: NumPy's global generator; on PyTorch: torch's default one), which a
-    checkpoint does not hold as it was then. On TensorFlow the pass is a ``tf.data`` pipeline, whose iterator state
-    kfit saves. (``ArrayDataAdapter._shuffle``, checked against Keras 3.10-3.15.)"""
+    (``shuffle=True`` or ``"batch"`` on JAX: NumPy's global generator; on PyTorch: torch's default one; see
+    :func:`shuffled_arrays_draw` for the ones kfit saves). On TensorFlow the pass is a ``tf.data`` pipeline. (``ArrayDataAdapter._shuffle``, checked against Keras 3.10-3.15.)"""
     return (BACKEND != "tensorflow" and type(adapter).__name__ == "ArrayDataAdapter"
             and bool(getattr(adapter, "_shuffle", False)))
+
+
+class NumpyGlobalRandom:
+    """NumPy's global random state (``np.random``'s MT19937), read and set as bytes, as a torch generator's."""
+
+    def get_state(self) -> np.ndarray:
+        name, keys, position, has_gauss, gauss = np.random.get_state()
+        return np.concatenate([np.asarray(keys, dtype=np.uint32).view(np.uint8),
+                               np.array([position, has_gauss], dtype=np.int64).view(np.uint8),
+                               np.array([gauss], dtype=np.float64).view(np.uint8)])
+
+    def set_state(self, state: np.ndarray) -> None:
+        raw = np.ascontiguousarray(state, dtype=np.uint8)
+        if raw.size != 624 * 4 + 3 * 8:
+            raise ValueError(f"A saved NumPy random state has 2520 bytes; this one has {raw.size}.")
+        position, has_gauss = raw[2496:2512].view(np.int64)
+        np.random.set_state(("MT19937", raw[:2496].view(np.uint32), int(position), int(has_gauss),
+                             float(raw[2512:].view(np.float64)[0])))
+
+
+def shuffled_arrays_draw(adapter: Any) -> Any:
+    """The generator Keras's adapter for arrays draws a pass's shuffle order from as the pass begins, when kfit can
+    save and set it: NumPy's global state on JAX (``shuffle=True`` or ``"batch"``: every draw is the pass's own),
+    torch's default generator on PyTorch (``shuffle=True``; ``"batch"`` draws there at every batch, between the
+    steps); None otherwise. (``ArrayDataAdapter._shuffle``, checked against Keras 3.10-3.15.)"""
+    if not shuffles_from_process_random_state(adapter):
+        return None
+    if BACKEND == "torch":
+        import torch
+
+        return torch.default_generator if adapter._shuffle is True else None
+    return NumpyGlobalRandom()
 
 
 def pydataset_queue_first_batch(adapter: Any) -> Any:

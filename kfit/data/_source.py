@@ -177,10 +177,12 @@ class SourceAdapter(_backend.DataAdapter):
         self._tf_data = type(inner).__name__ == "TFDatasetAdapter"
         restarting_tf_data = self._tf_data and not self.continues
         self._saves_passes = save_passes and restarting_tf_data
-        #: A torch DataLoader read from its start at every epoch: a checkpoint saves the states of the random
-        #: generators the last pass opened drew from as it began (see :func:`_loader_generators`).
+        #: A torch DataLoader, or arrays Keras's adapter shuffles from the process's random state as each pass
+        #: begins: a checkpoint saves the states of the random generators the last pass opened drew from as it
+        #: began (see :meth:`_generators`).
         self._loader = _backend.torch_data_loader(inner)
-        self._saves_draws = save_passes and self._loader is not None and self.restarts
+        self._shuffled_arrays = _backend.shuffled_arrays_draw(inner)
+        self._saves_draws = save_passes and self._generators() is not None and self.restarts
         #: Samples read from the loader's passes since the run began, and when the pass being read began: read on
         #: across epochs (``steps_per_epoch``), a resumed run opens the pass the checkpoint was saved in and drops only
         #: the samples it had trained of that pass.
@@ -198,7 +200,9 @@ class SourceAdapter(_backend.DataAdapter):
         #: it holds, for the resume line.
         self.state_kind, self.saved_state = (
             ("DataLoader", "the states of the random generators its shuffle order and workers' seeds came from")
-            if self._loader is not None else ("tf.data", "its iterator's state (its shuffle order and random state)"))
+            if self._loader is not None else
+            ("Array", "the random state its shuffle order came from") if self._shuffled_arrays is not None else
+            ("tf.data", "its iterator's state (its shuffle order and random state)"))
         #: Makes the unread tf.data iterator Keras's own loop makes at each epoch's end (see :meth:`on_epoch_end`).
         self._mirrors_epoch_end_pass = restarting_tf_data and _backend.BACKEND == "tensorflow"
         #: The first pass, begun by :meth:`peek`: (its iterator, its first batch, its starting state when saved).
@@ -380,6 +384,13 @@ class SourceAdapter(_backend.DataAdapter):
             self._saves_passes = self._pass_state is not None  # TensorFlow cannot save this pipeline: not tried again
         self._underlying = self._read_as(iterator, self._passes.__name__)
 
+    def _generators(self) -> list | None:
+        """The random generators a new pass draws from (see :func:`_loader_generators`); None for a source whose
+        passes draw from none that kfit can save."""
+        if self._loader is not None:
+            return _loader_generators(self._loader)
+        return [self._shuffled_arrays, None, None] if self._shuffled_arrays is not None else None
+
     def _new_loader_pass(self, reopen: tuple | None) -> Iterator[Any]:
         """A new pass over the torch DataLoader, keeping the states of the generators it draws from as it begins.
 
@@ -389,14 +400,14 @@ class SourceAdapter(_backend.DataAdapter):
         put back for the pass's own draws, made as it yields its first batch; torch's default generator then goes back
         to the checkpoint's state on the PyTorch backend (dropout draws from it), and otherwise every generator goes
         on from those draws, as in the uninterrupted run."""
-        generators = _loader_generators(self._loader)
+        generators = self._generators()
         self._pass_end_states = None
         self._pass_start = self._samples_read
         if reopen is not None:
             saved, ended = reopen
             if ended:
                 _set_generator_states(generators, saved["now"])
-                if _backend.BACKEND == "torch" and self.inner.num_batches:
+                if _backend.BACKEND == "torch" and self._loader is not None and self.inner.num_batches:
                     # Made by Keras's loop at the end of the saved pass's epoch, as its last step had run.
                     iter(self._loader)
             else:
@@ -447,8 +458,8 @@ class SourceAdapter(_backend.DataAdapter):
         state: dict[str, Any] | None = None
         if self._pass_state is not None and self._saves_draws:
             now = self._pass_end_states
-            state = {"kind": "DataLoader", "generators": list(self._pass_state),
-                     "now": now if now is not None else _generator_states(_loader_generators(self._loader))}
+            state = {"kind": self.state_kind, "generators": list(self._pass_state),
+                     "now": now if now is not None else _generator_states(self._generators())}
             if self.continues:
                 state["pass_start"] = self._pass_start
         elif self._pass_state is not None and self._saves_passes:
@@ -482,13 +493,13 @@ class SourceAdapter(_backend.DataAdapter):
         if state is None or set(state) <= {"kind", "pass_end_call"}:
             self._restored_pass = None
             return
-        if self._loader is not None:
-            generators = _loader_generators(self._loader)
+        generators = self._generators()
+        if generators is not None:
             saved = {"start": state.get("generators"), "now": state.get("now")}
-            if state.get("kind") != "DataLoader" or any(
+            if state.get("kind") != self.state_kind or any(
                     not isinstance(states, list) or [s is None for s in states] != [g is None for g in generators]
                     for states in saved.values()):
-                raise ValueError("The saved source state is not this DataLoader's random states: "
+                raise ValueError(f"The saved source state is not this {self.state_kind} source's random states: "
                                  f"kind {state.get('kind')!r}, keys {sorted(state)}.")
             self._restored_pass = {part: [None if s is None else np.asarray(s, dtype=np.uint8) for s in states]
                                    for part, states in saved.items()}
@@ -689,15 +700,19 @@ def _loader_generators(loader: Any) -> list:
 
 
 def _generator_states(generators: list) -> list:
-    return [None if g is None else g.get_state().numpy().copy() for g in generators]
+    return [None if g is None else np.array(g.get_state(), dtype=np.uint8) for g in generators]
 
 
 def _set_generator_states(generators: list, states: list) -> None:
-    import torch
-
     for generator, state in zip(generators, states):
-        if generator is not None:
-            generator.set_state(torch.from_numpy(state))
+        if generator is None:
+            continue
+        if isinstance(generator, _backend.NumpyGlobalRandom):
+            generator.set_state(state)
+        else:
+            import torch
+
+            generator.set_state(torch.from_numpy(np.ascontiguousarray(state, dtype=np.uint8)))
 
 
 class SourceDriver(StepDriver):

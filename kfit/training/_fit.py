@@ -303,10 +303,11 @@ def _fit_with_model_fit(model: Any, x: Any, y: Any, sample_weight: Any, validati
 
 
 SHUFFLED_ARRAYS_RESUME = (
-    "This resume is not exact: with steps_per_epoch, arrays are read by Keras's own adapter, which shuffles each pass "
-    "with the process's random state as the pass begins (NumPy's on JAX, torch's on PyTorch), and the resumed run's "
-    "passes draw other orders. For an exact resume give kfit.fit epoch_size=steps_per_epoch * minibatch_size in place "
-    "of steps_per_epoch (kfit's own stream, which resumes arrays exactly), or shuffle=False."
+    "This resume is not exact: with steps_per_epoch, arrays are read by Keras's own adapter, which with "
+    "shuffle='batch' on PyTorch shuffles each batch with torch's random state between the steps (or the checkpoint "
+    "holds no shuffle state: written by an older kfit), and the resumed run's passes draw other orders. For an exact "
+    "resume give kfit.fit epoch_size=steps_per_epoch * minibatch_size in place of steps_per_epoch (kfit's own "
+    "stream, which resumes arrays exactly), or shuffle=True."
 )
 
 
