@@ -552,6 +552,33 @@ def test_sparse_inputs_train_with_kfits_features_as_under_model_fit():
     assert [s.samples for s in h_kfit.epoch_summaries] == [50, 50]
 
 
+@pytest.mark.parametrize("stop_at", [80, 100])  # in epoch 2 (the step that reaches it ends at 82), at its end
+def test_shuffled_sparse_inputs_train_in_model_fits_order_and_resume_exactly(stop_at, tmp_path):
+    """Sparse arrays go through Keras's own adapter, which shuffles each pass with the process's random state (on
+    PyTorch: torch's default generator, which the unread iterator Keras's loop makes at each epoch's end draws from
+    too). kfit draws where model.fit draws, and the checkpoint holds the state each pass drew from."""
+    import scipy.sparse as scipy_sparse
+
+    sparse = scipy_sparse.csr_matrix(np.where(np.abs(X) > 0.8, X, 0.0).astype("float32"))
+
+    def run(loop, path=None, **options):
+        model = compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9))
+        np.random.seed(0)
+        if loop == "model.fit":
+            model.fit(sparse, Y, batch_size=8, epochs=4, shuffle=True, verbose=0)
+        else:
+            kfit.fit(model, sparse, Y, batch_size=8, epochs=4, shuffle=True, verbose=0,
+                     callbacks=[kfit.callbacks.Checkpoint(path, frequency=1000)], **options)
+        return weights(model)
+
+    reference = run("kfit.fit", tmp_path / "reference.ckpt")
+    for a, b in zip(run("model.fit"), reference):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)  # (sparse matmuls: as in the test above)
+    run("kfit.fit", tmp_path / "run.ckpt", max_samples=stop_at)
+    for a, b in zip(reference, run("kfit.fit", tmp_path / "run.ckpt")):
+        np.testing.assert_array_equal(a, b)
+
+
 class _EndlessBatches(keras.utils.PyDataset):
     """An endless PyDataset (``num_batches`` None): batch ``i`` is minibatch ``i % 7`` of X, Y."""
 

@@ -391,6 +391,15 @@ class SourceAdapter(_backend.DataAdapter):
             return _loader_generators(self._loader)
         return [self._shuffled_arrays, None, None] if self._shuffled_arrays is not None else None
 
+    def _torch_loader(self) -> Any:
+        """On PyTorch, the DataLoader Keras's loop iterates for a pass of a DataLoader or of arrays (making an
+        iterator draws its workers' base seed from torch's default generator); None otherwise."""
+        if _backend.BACKEND != "torch":
+            return None
+        if self._loader is not None:
+            return self._loader
+        return self.inner.get_torch_dataloader() if type(self.inner).__name__ == "ArrayDataAdapter" else None
+
     def _new_loader_pass(self, reopen: tuple | None) -> Iterator[Any]:
         """A new pass over the torch DataLoader, keeping the states of the generators it draws from as it begins.
 
@@ -407,9 +416,9 @@ class SourceAdapter(_backend.DataAdapter):
             saved, ended = reopen
             if ended:
                 _set_generator_states(generators, saved["now"])
-                if _backend.BACKEND == "torch" and self._loader is not None and self.inner.num_batches:
+                if self._torch_loader() is not None and self.inner.num_batches:
                     # Made by Keras's loop at the end of the saved pass's epoch, as its last step had run.
-                    iter(self._loader)
+                    iter(self._torch_loader())
             else:
                 restored = generators[0].get_state() if _backend.BACKEND == "torch" else None
                 _set_generator_states(generators, saved["start"])
@@ -440,8 +449,9 @@ class SourceAdapter(_backend.DataAdapter):
         # never reads it (the next epoch makes another): that draws the workers' base seed from the loader's generator.
         # kfit makes it too, so that a shuffling loader trains in model.fit's order; a checkpoint keeps the states from
         # before it (the pass's end), and a run resumed at that epoch's end makes it again (:meth:`_new_loader_pass`).
-        self._pass_end_states = _generator_states(_loader_generators(self._loader))
-        iter(self._loader)
+        generators = self._generators()
+        self._pass_end_states = None if generators is None else _generator_states(generators)
+        iter(self._torch_loader())
 
     def _read_as(self, iterator: Iterator[Any], method: str) -> Iterator[Any]:
         """``iterator``, over the tf.data pipeline, read in the form Keras's ``inner.<method>()`` gives (its own
@@ -539,7 +549,7 @@ class SourceAdapter(_backend.DataAdapter):
             # Keras asks for the next epoch's pass as soon as an epoch's last step has run, and again when that epoch
             # begins (JAX, PyTorch): opened only if read, as Keras's own adapter makes its dataset's iterator only
             # when it is read (a new tf.data iterator draws the pipeline's next shuffle seed).
-            if self._loader is not None and _backend.BACKEND == "torch":
+            if self._torch_loader() is not None:
                 self._draw_unread_loader_pass()
             return _Deferred(lambda: self._open(passes, now=True))
         if passes != self._passes:
