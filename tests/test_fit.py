@@ -153,6 +153,21 @@ def test_epoch_size_and_max_samples_bound_training():
     assert kfit.get_clock(model).samples == 100 and len(history.epoch_summaries) == 2
 
 
+def test_numpy_integers_are_taken_as_pythons_and_a_checkpoint_holds_them(tmp_path):
+    """Counts computed with NumPy (``np.int64(len(x)) * 3``) are valid arguments; the run stores them as Python
+    integers, so a checkpoint (JSON metadata) is written and holds them."""
+    x, y = regression_data(40)
+    model = compiled(mlp())
+    path = tmp_path / "run.ckpt"
+    kfit.fit(model, x, y, minibatch_size=np.int64(16), epoch_size=np.int32(40), max_samples=np.int64(56),
+             epochs=np.int64(5), initial_epoch=np.int64(1), verbose=0, callbacks=[kfit.callbacks.Checkpoint(path)])
+    clock = kfit.get_clock(model)
+    assert (clock.samples, clock.minibatch_size) == (56, 16)
+    assert type(clock.samples) is int and type(clock.minibatch_size) is int
+    info = kfit.checkpoint.read_checkpoint_info(path)
+    assert (info.samples, info.minibatch_size, info.status, info.status_reason) == (56, 16, "complete", "reached max_samples=56")
+
+
 # -- minibatch-size schedules -------------------------------------------------------------------------
 
 

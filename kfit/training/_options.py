@@ -76,14 +76,18 @@ class FitOptions:
                 raise _checks.InvalidArgumentError(
                     "Give the minibatch size either as `minibatch_size=` or as a MinibatchSizeSchedule callback, not both.")
             minibatch_size = size_callbacks[0].schedule
-        for name in ("steps_per_epoch", "validation_steps", "validation_batch_size", "epoch_size", "max_samples"):
-            _checks.count(name, getattr(options, name), low=1, allow_none=True)
-        _checks.count("epochs", options.epochs, allow_none=True)  # 0 trains nothing, as in model.fit
-        _checks.count("seed", options.seed, allow_none=True)
-        _checks.count("initial_epoch", options.initial_epoch)
-        _checks.count("prefetch", options.prefetch, allow_none=True)
+        # (kept as the checks convert them: a NumPy integer becomes Python's, which a checkpoint's JSON can hold)
+        checked: dict[str, Any] = {
+            name: _checks.count(name, getattr(options, name), low=1, allow_none=True)
+            for name in ("steps_per_epoch", "validation_steps", "validation_batch_size", "epoch_size", "max_samples")}
+        checked["epochs"] = _checks.count("epochs", options.epochs, allow_none=True)  # 0 trains nothing, as model.fit
+        checked["seed"] = _checks.count("seed", options.seed, allow_none=True)
+        checked["initial_epoch"] = _checks.count("initial_epoch", options.initial_epoch)
+        checked["prefetch"] = _checks.count("prefetch", options.prefetch, allow_none=True)
         _checks.boolean("pad_remainders", options.pad_remainders)
-        _checks.real("validation_split", options.validation_split, low=0.0, high=1.0, high_inclusive=False)
+        checked["validation_split"] = _checks.real("validation_split", options.validation_split, low=0.0, high=1.0,
+                                                   high_inclusive=False)
+        options = dataclasses.replace(options, **checked)
         _checks.choice("verbose", options.verbose, _VERBOSE)
         _checks.choice("shuffle", options.shuffle, _SHUFFLE)
         _check_validation_freq(options.validation_freq)
