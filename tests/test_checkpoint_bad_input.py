@@ -103,6 +103,8 @@ def make(case: str, tmp_path: Path) -> Path:
             edit_meta(path, lambda meta: meta.pop("rng"))
         elif case == "wrong_type":
             edit_meta(path, lambda meta: _set(meta, "clock.samples", "many"))
+        elif case == "run_status_wrong_type":
+            edit_meta(path, lambda meta: meta.__setitem__("run", {"status": 5, "reason": None}))
         elif case == "dangling_array":
             edit_meta(path, lambda meta: _set(meta, "callbacks", {"early_stopping": {"__kfit_array__": "callbacks/9"}}))
         elif case == "huge_array":
@@ -113,7 +115,8 @@ def make(case: str, tmp_path: Path) -> Path:
 
 
 CASES = ["missing", "directory", "fifo", "device", "symlink_loop", "empty", "text", "plain_hdf5", "truncated",
-         "flipped_byte", "flipped_header", "newer_format", "field_removed", "wrong_type", "dangling_array",
+         "flipped_byte", "flipped_header", "newer_format", "field_removed", "wrong_type", "run_status_wrong_type",
+         "dangling_array",
          "huge_array", "pickle", "other_model"]
 METADATA_ONLY = ("huge_array", "pickle", "other_model")  # read_checkpoint_info reads no array and no model: no error
 

@@ -120,6 +120,8 @@ META: Spec = record({
         "last_metrics": dict_of(NUMBER),
     }),
     "arrays": list_of(record({"name": STR, "shape": list_of(COUNT), "dtype": STR}, {"crc32": INT})),
+}, {
+    "run": record({"status": STR}, {"reason": optional(STR)}),  # (older files hold no run status)
 })
 
 # Arrays every checkpoint holds, with their shapes: the random states.
