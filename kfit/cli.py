@@ -98,19 +98,38 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 # -- kfit runs ---------------------------------------------------------------------------------------
-def _is_hdf5(path: str) -> bool:
-    """A checkpoint's first bytes: kfit's header (format 2) or HDF5's signature (format 1)."""
-    from kfit.checkpoint._format import MAGIC
+_CHECKPOINT_SUFFIXES = (".ckpt", ".h5", ".hdf5")
+
+
+def _is_candidate(path: str, names: set[str]) -> bool:
+    """True when ``path`` is a kfit checkpoint, or was one: it begins with kfit's header, or is an HDF5 file with
+    kfit's format attribute (format 1), or, its first bytes damaged, is named as kfit names them (``*.ckpt``,
+    ``*.h5``, ``*.hdf5``, or a numbered twin ``PATH.<samples>`` of a file ``PATH`` in ``names``). HDF5 files that
+    kfit did not write (a Keras weights file, a dataset) are not listed."""
+    from kfit.checkpoint._format import FORMAT_NAME, MAGIC
 
     try:
         with open(path, "rb") as f:
-            return f.read(8) in (_HDF5_SIGNATURE, MAGIC)
+            head = f.read(8)
     except OSError:
         return False
+    if head == MAGIC:
+        return True
+    if head == _HDF5_SIGNATURE:
+        import h5py
+
+        try:
+            with h5py.File(path, "r") as f:
+                return f.attrs.get("format") == FORMAT_NAME
+        except Exception:  # noqa: BLE001 -- an HDF5 file h5py cannot open: damaged, shown as such
+            return True
+    stem, _, suffix = os.path.basename(path).rpartition(".")
+    return path.endswith(_CHECKPOINT_SUFFIXES) or (suffix.isdigit() and stem in names)
 
 
 def find_checkpoints(directory: str) -> list[str]:
-    """The kfit checkpoint candidates under ``directory``: HDF5 files, not the temporaries of a write in progress.
+    """The kfit checkpoint candidates under ``directory`` (see :func:`_is_candidate`), not the temporaries of a
+    write in progress.
 
     Sorted by path, numbered twins (``PATH.<samples>``) by their sample count after ``PATH``.
     """
@@ -119,11 +138,12 @@ def find_checkpoints(directory: str) -> list[str]:
     found = []
     for root, dirs, files in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        names = set(files)
         for name in files:
             if _format.TEMP_INFIX in name:
                 continue
             path = os.path.join(root, name)
-            if os.path.isfile(path) and _is_hdf5(path):
+            if os.path.isfile(path) and _is_candidate(path, names):
                 found.append(path)
 
     def key(path: str) -> tuple:

@@ -88,6 +88,26 @@ def test_runs_of_an_empty_or_missing_directory(tmp_path, capsys):
     assert "is not a directory" in capsys.readouterr().err
 
 
+def test_runs_lists_checkpoints_damaged_at_their_start_and_no_other_hdf5_files(tmp_path, checkpoint, capsys):
+    """A checkpoint whose first bytes are damaged (or that is cut to nothing) is still listed, as DAMAGED; an HDF5
+    file kfit did not write (a Keras weights file, a dataset) in the run folder is not a checkpoint at all."""
+    import h5py
+
+    data = Path(checkpoint).read_bytes()
+    (tmp_path / "model.ckpt").write_bytes(data)
+    (tmp_path / "model.ckpt.64").write_bytes(b"X" + data[1:])  # its first byte changed
+    (tmp_path / "model.ckpt.32").write_bytes(b"")  # cut to nothing
+    (tmp_path / "other.h5").write_bytes(b"\0" * 100)  # named as a checkpoint, with nothing of one
+    with h5py.File(tmp_path / "train_data.h5", "w") as f:
+        f["x"] = np.zeros((4, 3))
+    keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]).save_weights(tmp_path / "best.weights.h5")
+    assert cli(["runs", "--json", str(tmp_path)]) == 1
+    rows = json.loads(capsys.readouterr().out)
+    listed = {os.path.basename(row["path"]): row["intact"] for row in rows}
+    assert listed == {"model.ckpt": True, "model.ckpt.32": False, "model.ckpt.64": False, "other.h5": False}
+    assert [os.path.basename(row["path"]) for row in rows][:3] == ["model.ckpt", "model.ckpt.32", "model.ckpt.64"]
+
+
 @pytest.mark.parametrize("content, message", [
     (b"kind,samples,loss\nepoch,10,0.5\xff\xfe\n", "is not UTF-8 text (byte 0xff at offset 30)"),
     (b"", "is empty"),
