@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -90,11 +91,27 @@ def _inspect(args: argparse.Namespace) -> int:
         info = read_checkpoint_info(args.path)
     except CheckpointError as error:
         if args.json:
-            print(json.dumps({"path": args.path, "checksum_ok": False, "problem": str(error)}, indent=2))
+            print(_json({"path": args.path, "checksum_ok": False, "problem": str(error)}))
         print(f"kfit inspect: {printable(error)}", file=sys.stderr)
         return 1
-    print(json.dumps(info.as_dict(), indent=2) if args.json else _text(info))
+    print(_json(info.as_dict()) if args.json else _text(info))
     return 0 if info.checksum_ok else 1
+
+
+def _json(value: Any) -> str:
+    """``value`` as strict JSON: a float that is not finite (a diverged loss) as the string ``"NaN"``,
+    ``"Infinity"`` or ``"-Infinity"``, which ``float()`` reads back (Python's ``json`` writes them bare, which other
+    JSON readers refuse)."""
+    def strict(item: Any) -> Any:
+        if isinstance(item, float) and not math.isfinite(item):
+            return "NaN" if math.isnan(item) else "Infinity" if item > 0 else "-Infinity"
+        if isinstance(item, dict):
+            return {key: strict(v) for key, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [strict(v) for v in item]
+        return item
+
+    return json.dumps(strict(value), indent=2, allow_nan=False)
 
 
 # -- kfit runs ---------------------------------------------------------------------------------------
@@ -175,7 +192,7 @@ def _runs(args: argparse.Namespace) -> int:
     rows = [_run_row(path, verify=not args.quick) for path in find_checkpoints(args.directory)]
     damaged = any(row["intact"] is False for row in rows)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(_json(rows))
         return 1 if damaged else 0
     if not rows:
         print(f"No kfit checkpoints under {printable(args.directory)}.")

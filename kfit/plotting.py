@@ -43,7 +43,7 @@ def _series(rows: list[dict[str, str]], column: str, kinds: tuple[str, ...] | No
             continue
         try:
             x, y = float(row["samples"]), float(row.get(column) or "nan")
-        except ValueError:
+        except (TypeError, ValueError):  # (a row cut short, as a killed run or a full disk may leave the last one)
             continue
         if not math.isnan(y) and not (xs and xs[-1] == x and ys[-1] == y):  # a CV result repeated in its epoch row
             xs.append(x)
@@ -92,14 +92,16 @@ def plot_history(csv_path: str | os.PathLike, output_path: str | os.PathLike) ->
 
     Args:
         csv_path: a CSV written by :class:`kfit.callbacks.CSVHistory`.
-        output_path: the picture to write (its directory is created if missing).
+        output_path: the picture to write (its directory is created if missing); ``.png`` is added to a name
+            without a suffix.
 
     Returns:
-        ``output_path`` as a ``pathlib.Path``.
+        The path written, as a ``pathlib.Path``.
 
     Raises:
         FileNotFoundError: if ``csv_path`` does not exist.
-        ValueError: if the file is empty, not UTF-8 text, not a CSV, or has no ``samples`` column.
+        ValueError: if the file is empty, not UTF-8 text, not a CSV, or has no ``samples`` column; if
+            ``output_path`` is a directory.
         ImportError: if matplotlib is not installed (``pip install kfit[plot]``).
 
     Example:
@@ -107,6 +109,12 @@ def plot_history(csv_path: str | os.PathLike, output_path: str | os.PathLike) ->
         >>> # plot_history("runs/history.csv", "runs/curves.png")
     """
     columns, rows = _read(csv_path)
+    output = pathlib.Path(output_path)
+    if output.is_dir():
+        raise ValueError(f"{os.fspath(output)} is a directory: give the picture's file name, e.g. "
+                         f"{os.fspath(output / 'curves.png')}.")
+    if not output.suffix:
+        output = output.with_name(output.name + ".png")
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -131,7 +139,6 @@ def plot_history(csv_path: str | os.PathLike, output_path: str | os.PathLike) ->
     figure.suptitle(os.path.basename(os.fspath(csv_path)))
     figure.tight_layout()
 
-    output = pathlib.Path(output_path)
     output.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(output)
     return output

@@ -4,6 +4,7 @@ and a start that imports neither Keras nor a backend. (``kfit runs`` over real r
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -43,6 +44,22 @@ def test_inspect_json_is_plain_data_with_the_run_status(checkpoint, capsys):
     kernel = [v for v in info["variables"] if v["path"].endswith("dense/kernel")]
     assert kernel == [{"group": "model", "path": kernel[0]["path"], "shape": [3, 2], "dtype": "float32"}]
     assert set(info["last_metrics"]) >= {"loss", "mae"}
+
+
+def test_inspect_json_of_a_diverged_run_is_strict_json(tmp_path, capsys):
+    """A loss that became NaN or infinite is written as a string float() reads back, not as a bare NaN that
+    strict JSON readers refuse."""
+    path = tmp_path / "diverged.ckpt"
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(learning_rate=1e30), loss="mse")
+    x = np.full((16, 3), 1e30, "float32")
+    kfit.fit(model, x, x[:, :2], minibatch_size=8, epochs=1, seed=0, verbose=0,
+             callbacks=[kfit.callbacks.Checkpoint(path, async_write=False)])
+    assert cli(["inspect", str(path), "--json"]) == 0
+    out = capsys.readouterr().out
+    info = json.loads(out, parse_constant=lambda name: pytest.fail(f"bare {name} in the JSON"))
+    assert info["last_metrics"]["loss"] in ("NaN", "Infinity")
+    assert not math.isfinite(float(info["last_metrics"]["loss"]))
 
 
 def test_inspect_text_shows_the_status(checkpoint, capsys):

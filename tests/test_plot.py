@@ -64,3 +64,27 @@ def test_sparse_columns_still_plot(tmp_path):
     path.write_text("kind,epoch,samples,minibatches,loss,lr,momentum,minibatch_size,time\nepoch,1,10,1,0.5,,,,1\nepoch,2,20,2,0.25,,,,2\n")
     out = plot_history(str(path), str(tmp_path / "sparse.png"))
     assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_a_last_row_cut_short_is_left_out(tmp_path, history_csv):
+    """A run killed (or a disk filled) while CSVHistory appended a row leaves it cut short: the picture is the one
+    of the rows before it."""
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "cut").mkdir()
+    text = history_csv.read_text()
+    (tmp_path / "whole" / "history.csv").write_text(text)
+    (tmp_path / "cut" / "history.csv").write_text(text + "epoch,4\n")
+    whole = plot_history(tmp_path / "whole" / "history.csv", tmp_path / "whole.png").read_bytes()
+    cut = plot_history(tmp_path / "cut" / "history.csv", tmp_path / "cut.png").read_bytes()
+    assert cut == whole and whole.startswith(PNG_MAGIC)
+
+
+def test_the_picture_is_a_file_named_with_its_format(tmp_path, history_csv, capsys):
+    cli = importlib.import_module("kfit.cli")
+    assert cli.main(["plot", str(history_csv), "-o", str(tmp_path / "curves")]) == 0
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'curves.png'}\n"
+    assert (tmp_path / "curves.png").read_bytes().startswith(PNG_MAGIC)
+    assert cli.main(["plot", str(history_csv), "-o", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (f"kfit plot: {tmp_path} is a directory: give the picture's file name, e.g. "
+                                       f"{tmp_path / 'curves.png'}.\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png"]
