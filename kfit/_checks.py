@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from typing import Any
 
 import numpy as np
@@ -77,6 +78,26 @@ def real(name: str, value: Any, *, low: float = -math.inf, high: float = math.in
             expected = f"a number in {'[' if low_inclusive else '('}{low:g}, {high:g}{']' if high_inclusive else ')'}"
         raise _fail(name, expected, value, allow_none)
     return number
+
+
+def output_path(name: str, value: Any, *, directory: bool = False, example: str = "out") -> str:
+    """``value`` as a path kfit can write to: a file (or, ``directory``, a folder) that is not the other kind,
+    under folders that are folders or can be made (the nearest existing one is not a file)."""
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise _fail(name, "a path (str or os.PathLike)", value)
+    path = os.fspath(value)
+    if not directory and os.path.isdir(path):
+        raise InvalidArgumentError(f"Invalid value for argument `{name}`: {path!r} is a directory; give a file name "
+                                   f"in it, e.g. {os.path.join(path, example)!r}.")
+    if directory and os.path.exists(path) and not os.path.isdir(path):
+        raise InvalidArgumentError(f"Invalid value for argument `{name}`: {path!r} is a file; give a folder.")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise InvalidArgumentError(f"Invalid value for argument `{name}`: {path!r} cannot be made, because "
+                                   f"{parent!r} is a file, not a folder.")
+    return path
 
 
 def boolean(name: str, value: Any) -> bool:

@@ -201,3 +201,23 @@ def test_only_the_chief_writes(tmp_path, monkeypatch):
 def test_invalid_path_is_named(path):
     with pytest.raises(ValueError, match="`path`.*path="):
         CSVHistory(path)
+
+
+@pytest.mark.parametrize("make, name, kind", [
+    (lambda path: CSVHistory(path), "path", "file"),
+    (lambda path: kfit.callbacks.ProgressPrinter(log_to_file=path), "log_to_file", "file"),
+    (lambda path: kfit.callbacks.TensorBoardProgressWriter(path), "log_dir", "folder"),
+], ids=["CSVHistory", "ProgressPrinter", "TensorBoardProgressWriter"])
+def test_an_output_path_that_cannot_be_written_is_refused_when_the_callback_is_made(make, name, kind, tmp_path):
+    """Refused as the callback is made, naming the argument (not an OSError once training has begun)."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match=rf"`{name}`: .*afile/out' cannot be made, because .*afile' is a file, not a "
+                                         "folder"):
+        make(tmp_path / "afile" / "out")
+    if kind == "file":
+        with pytest.raises(ValueError, match=rf"`{name}`: .* is a directory; give a file name in it"):
+            make(tmp_path)
+    else:
+        with pytest.raises(ValueError, match=rf"`{name}`: .*afile' is a file; give a folder"):
+            make(tmp_path / "afile")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"] and (tmp_path / "afile").read_text() == "x"

@@ -173,6 +173,8 @@ def test_log_dir_comes_first_as_in_keras(tmp_path):
     assert TensorBoardProgressWriter(str(tmp_path)).log_dir == str(tmp_path)
     cntk_order = TensorBoardProgressWriter(5, str(tmp_path / "cntk"))
     assert (cntk_order.log_dir, cntk_order.freq) == (str(tmp_path / "cntk"), 5)
+    counted = TensorBoardProgressWriter(np.int64(5), tmp_path / "cntk")  # (a frequency computed with NumPy)
+    assert (counted.log_dir, counted.freq) == (str(tmp_path / "cntk"), 5) and type(counted.freq) is int
     keywords = TensorBoardProgressWriter(freq=5, log_dir=tmp_path)
     assert (keywords.log_dir, keywords.freq) == (str(tmp_path), 5)
     with pytest.raises(ValueError, match=r"log_dir=50\. For a frequency write freq=50\."):

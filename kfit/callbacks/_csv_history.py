@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from kfit import distributed
+from kfit import _checks, distributed
 from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._running_means import ScheduledValues, kfit_names, to_float
 from kfit.clock import Clock
@@ -62,9 +62,7 @@ class CSVHistory(KfitCallback):
 
     def __init__(self, path: str | os.PathLike, name: str | None = None):
         super().__init__(name=name)
-        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-            raise ValueError(f"Invalid value for argument `path`: expected a file path. Received: path={path!r}")
-        self.path = os.fspath(path)
+        self.path = _checks.output_path("path", path, example="history.csv")
         self._columns: list[str] | None = None
         self._truncated = False
         self._rows: int | None = None  # the rows in the file (known once this run has read it)

@@ -128,10 +128,8 @@ class ProgressPrinter(KfitCallback):
         first = _checks.count("first", first)
         if not isinstance(tag, str):
             raise ValueError(f"Invalid value for argument `tag`: expected a string. Received: tag={tag!r}")
-        if log_to_file is not None and not isinstance(log_to_file, (str, os.PathLike)):
-            raise ValueError(
-                f"Invalid value for argument `log_to_file`: expected a path or None. Received: log_to_file={log_to_file!r}"
-            )
+        if log_to_file is not None:
+            log_to_file = _checks.output_path("log_to_file", log_to_file, example="log.txt")
         _checks.boolean("metric_is_pct", metric_is_pct)
         self.freq = freq
         self.first = first

@@ -152,16 +152,16 @@ class TensorBoardProgressWriter(KfitCallback):
 
     def __init__(self, log_dir: str | os.PathLike = ".", freq: int | None = None, name: str | None = None):
         super().__init__(name=name)
-        if isinstance(log_dir, int) and not isinstance(log_dir, bool) and isinstance(freq, (str, os.PathLike)):
+        if _checks.is_integer(log_dir) and isinstance(freq, (str, os.PathLike)):
             log_dir, freq = freq, log_dir  # CNTK's order: (freq, log_dir)
-        _checks.count("freq", freq, low=1, allow_none=True)  # minibatches
+        freq = _checks.count("freq", freq, low=1, allow_none=True)  # minibatches
         if not isinstance(log_dir, (str, os.PathLike)):
             raise ValueError(
                 f"Invalid value for argument `log_dir`: expected a path (the first argument, as in keras.callbacks.TensorBoard). "
-                f"Received: log_dir={log_dir!r}" + (f". For a frequency write freq={log_dir!r}." if isinstance(log_dir, int) else "")
+                f"Received: log_dir={log_dir!r}" + (f". For a frequency write freq={log_dir!r}." if _checks.is_integer(log_dir) else "")
             )
         self.freq = freq
-        self.log_dir = os.fspath(log_dir)
+        self.log_dir = _checks.output_path("log_dir", log_dir, directory=True)
         self._writer: EventFileWriter | None = None
         self._started = False
         self._training = False
