@@ -165,7 +165,7 @@ def find_checkpoints(directory: str) -> list[str]:
 
     def key(path: str) -> tuple:
         stem, _, suffix = path.rpartition(".")
-        if suffix.isdigit() and stem in found:
+        if suffix.isdigit():  # PATH.<samples>, after PATH (listed or not), by its number
             return (stem, 1, int(suffix))
         return (path, 0, 0)
 

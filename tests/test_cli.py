@@ -123,6 +123,11 @@ def test_runs_lists_checkpoints_damaged_at_their_start_and_no_other_hdf5_files(t
     listed = {os.path.basename(row["path"]): row["intact"] for row in rows}
     assert listed == {"model.ckpt": True, "model.ckpt.32": False, "model.ckpt.64": False, "other.h5": False}
     assert [os.path.basename(row["path"]) for row in rows][:3] == ["model.ckpt", "model.ckpt.32", "model.ckpt.64"]
+    (tmp_path / "model.ckpt").unlink()  # numbered files without their PATH: still by number, not as text
+    (tmp_path / "model.ckpt.128").write_bytes(data)
+    assert cli(["runs", "--json", str(tmp_path)]) == 1
+    rows = json.loads(capsys.readouterr().out)
+    assert [os.path.basename(row["path"]) for row in rows][:3] == ["model.ckpt.32", "model.ckpt.64", "model.ckpt.128"]
 
 
 @pytest.mark.parametrize("content, message", [
