@@ -121,8 +121,8 @@ _CHECKPOINT_SUFFIXES = (".ckpt", ".h5", ".hdf5")
 def _is_candidate(path: str, names: set[str]) -> bool:
     """True when ``path`` is a kfit checkpoint, or was one: it begins with kfit's header, or is an HDF5 file with
     kfit's format attribute (format 1), or, its first bytes damaged, is named as kfit names them (``*.ckpt``,
-    ``*.h5``, ``*.hdf5``, or a numbered twin ``PATH.<samples>`` of a file ``PATH`` in ``names``). HDF5 files that
-    kfit did not write (a Keras weights file, a dataset) are not listed."""
+    ``*.h5``, ``*.hdf5``, or a numbered twin ``PATH.<samples>`` of such a name or of a file ``PATH`` in
+    ``names``). HDF5 files that kfit did not write (a Keras weights file, a dataset) are not listed."""
     from kfit.checkpoint._format import FORMAT_NAME, MAGIC
 
     try:
@@ -141,7 +141,8 @@ def _is_candidate(path: str, names: set[str]) -> bool:
         except Exception:  # noqa: BLE001 -- an HDF5 file h5py cannot open: damaged, shown as such
             return True
     stem, _, suffix = os.path.basename(path).rpartition(".")
-    return path.endswith(_CHECKPOINT_SUFFIXES) or (suffix.isdigit() and stem in names)
+    return path.endswith(_CHECKPOINT_SUFFIXES) or (suffix.isdigit() and (stem in names
+                                                                          or stem.endswith(_CHECKPOINT_SUFFIXES)))
 
 
 def find_checkpoints(directory: str) -> list[str]:
