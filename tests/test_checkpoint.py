@@ -543,7 +543,7 @@ def test_plain_model_fit_mid_epoch_restarts_the_epoch(tmp_path):
     kfit.save_checkpoint(path, model, clock=clock)
     resumed = make_model()
     callback = kfit.callbacks.Checkpoint(path, epochs=1)
-    with pytest.warns(UserWarning, match="from the start of epoch 1"):
+    with pytest.warns(UserWarning, match="from the start of epoch 2 "):
         history = resumed.fit(x, y, batch_size=16, epochs=2, verbose=0,
                               callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=96), callback])
     assert history.epoch == [1]

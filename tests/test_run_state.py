@@ -196,7 +196,7 @@ def test_the_epoch_a_restore_starts_model_fit_at_is_not_left_for_the_next_fit(tm
     callbacks = [SampleClock(8, 64), Checkpoint(path)]
     if ending == "error_at_train_end":
         callbacks.insert(0, _FailsAtTrainEnd())
-    with pytest.warns(UserWarning, match="training goes on from the start of epoch 2"):
+    with pytest.warns(UserWarning, match="training goes on from the start of epoch 3"):
         if ending == "normal":
             resumed = model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=callbacks)
             assert resumed.epoch == [0, 1, 2]  # the restored history's epochs, and the one trained

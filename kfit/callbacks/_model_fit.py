@@ -95,7 +95,7 @@ class ModelFitLoop(RunLoop):
             epoch = max(restore.history["epoch"]) + 1
         if not self._noted:
             self._noted = True
-            warnings.warn(MODEL_FIT_NOTE.format(epoch=epoch or 0), stacklevel=4)
+            warnings.warn(MODEL_FIT_NOTE.format(epoch=(epoch or 0) + 1), stacklevel=4)  # (from 1, as printed)
         return epoch or None
 
     def finished_epoch(self, run: _run.Run, params: dict | None, restored_epoch: int | None) -> int | None:
