@@ -53,6 +53,9 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.6g}"
 
 
+_LAST_STEP = " (the last step's)"
+
+
 def _text(info) -> str:
     p = printable
     lines = [f"checkpoint:      {p(info.path)}"]
@@ -65,11 +68,14 @@ def _text(info) -> str:
         lines.append(f"samples:         {info.samples}")
         lines.append(f"epoch:           {epoch} of {info.epoch_size} samples")
         lines.append(f"minibatches:     {info.minibatches}")
-        lines.append(f"minibatch size:  {info.minibatch_size if info.minibatch_size is not None else '-'}")
+        lines.append(f"minibatch size:  {info.minibatch_size if info.minibatch_size is not None else '-'}"
+                     + _LAST_STEP * (info.minibatch_size is not None))
+    # (the values the last step trained with: an epoch's shortened last minibatch, and the rate and momentum of
+    # a per-sample schedule for its size, not the schedule's values for the next step)
     hyper = info.hyperparameters
-    lines.append(f"learning rate:   {_number(hyper.get('learning_rate'))}")
+    lines.append(f"learning rate:   {_number(hyper.get('learning_rate'))}" + _LAST_STEP * ("learning_rate" in hyper))
     if "momentum" in hyper:
-        lines.append(f"momentum:        {_number(hyper['momentum'])}")
+        lines.append(f"momentum:        {_number(hyper['momentum'])}{_LAST_STEP}")
     others = {k: v for k, v in hyper.items() if k not in ("learning_rate", "momentum", "minibatch_size")}
     if others:
         lines.append("hyperparameters: " + ", ".join(f"{p(k)} = {_number(v)}" for k, v in sorted(others.items())))

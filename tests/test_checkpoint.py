@@ -596,8 +596,10 @@ def test_cli_inspect(tmp_path, capsys):
     kfit.fit(make_model(), x, y, epochs=2, callbacks=[kfit.callbacks.Checkpoint(path, frequency=50)], **FIT)
     assert cli(["inspect", str(path)]) == 0
     text = capsys.readouterr().out
-    for expected in ("checksum:        ok", "samples:         120", "epoch:           2", "learning rate:   0.01",
-                     "momentum:        0.9", "minibatch size:  12", "last metrics:    loss = ", "format version:  2",
+    for expected in ("checksum:        ok", "samples:         120", "epoch:           2",
+                     "learning rate:   0.01 (the last step's)", "momentum:        0.9 (the last step's)",
+                     "minibatch size:  12 (the last step's)",  # (epochs of 60 in minibatches of 16: the last has 12)
+                     "last metrics:    loss = ", "format version:  2",
                      "sequential", "(4, 8)"):
         assert expected in text, (expected, text)
     assert cli(["inspect", str(path), "--json"]) == 0
