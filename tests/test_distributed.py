@@ -133,6 +133,8 @@ def test_a_stop_on_rank_zero_ends_both_workers_after_the_same_step(jobs):
     (_, i0), (_, i1) = _results(jobs, "stop")
     assert i0["user_stop"]["samples"] == i1["user_stop"]["samples"] == 40
     assert i0["user_stop"]["steps"] == i1["user_stop"]["steps"] == 4
+    # A stop decided on rank 1 only, as its second epoch (of 60 samples) ends: both end there.
+    assert i0["epoch_end_stop"] == i1["epoch_end_stop"] == {"samples": 120, "epochs": [0, 1]}
 
 
 @pytest.mark.horovod

@@ -492,6 +492,11 @@ class _AgreedStop(keras.callbacks.Callback):
 
         self.model.stop_training = distributed.any_true(self.model.stop_training)
 
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        # A stop decided as an epoch ends (a callback's on_epoch_end, a cross-validation at "1ep"), which Keras
+        # reads before the next epoch's first step.
+        self.on_train_batch_end(-1)
+
 
 class _AverageMetrics(keras.callbacks.Callback):
     order = -1000  # first at the epoch end: every other callback sees the averaged logs

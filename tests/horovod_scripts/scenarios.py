@@ -117,6 +117,12 @@ class StopOnRankZero(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+class StopAtAnEpochEndOnRankOne(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if RANK == 1 and epoch == 1:
+            self.model.stop_training = True
+
+
 def scenario_stop() -> None:
     x, y = common.data(60, seed=6)
     info: dict = {}
@@ -124,6 +130,9 @@ def scenario_stop() -> None:
     stopper = StopOnRankZero(at_step=4)
     kfit.fit(net, x, y, minibatch_size=10, epochs=5, seed=1, verbose=0, callbacks=[stopper])
     info["user_stop"] = {"samples": kfit.get_clock(net).samples, "steps": stopper.steps}
+    net = common.fit_model(init_seed=0)
+    history = kfit.fit(net, x, y, minibatch_size=10, epochs=5, seed=1, verbose=0, callbacks=[StopAtAnEpochEndOnRankOne()])
+    info["epoch_end_stop"] = {"samples": kfit.get_clock(net).samples, "epochs": history.epoch}
 
     try:
         cross_validation = kfit.callbacks.CrossValidation
