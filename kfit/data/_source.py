@@ -49,13 +49,14 @@ def batch_size_of(batch: Any) -> int:
 class _ReadAhead:
     """Iterates ``source`` one batch ahead, recording the size of every batch it has read; ends after
     ``limit`` batches when one is given. ``hold(index)`` True: the batch of that index (from 0) is not read ahead,
-    only when :meth:`release` is called or it is asked for."""
+    only when :meth:`release` is called or it is asked for. ``on_read(size)`` is told the size of each batch read."""
 
     def __init__(self, source: Iterator[Any], limit: int | None = None,
-                 hold: Callable[[int], bool] | None = None):
+                 hold: Callable[[int], bool] | None = None, on_read: Callable[[int], None] | None = None):
         self._source = source
         self._limit = limit
         self._hold = hold
+        self._on_read = on_read
         self.sizes: list[int] = []
         self._next: Any = None
         self.done = False
@@ -88,7 +89,10 @@ class _ReadAhead:
         except StopIteration:
             self.done, self.exhausted, self._next = True, True, None
             return
-        self.sizes.append(batch_size_of(batch))
+        size = batch_size_of(batch)
+        self.sizes.append(size)
+        if self._on_read is not None:
+            self._on_read(size)
         self._next = batch
 
     def __iter__(self) -> _ReadAhead:
@@ -427,22 +431,14 @@ class SourceAdapter(_backend.DataAdapter):
                 if restored is not None:
                     generators[0].set_state(restored)
                 self._pass_state = saved["start"]
-                return self._counted(iterator if first is _END else itertools.chain([first], iterator))
+                return iterator if first is _END else itertools.chain([first], iterator)
         self._pass_state = _generator_states(generators)
-        return self._counted(iter(self._passes()))
+        return iter(self._passes())
 
-    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
-        """``batches``, counting their samples in ``_samples_read`` as they are read (a pass read on across epochs
-        begins where the samples read before it end: nothing read is left untrained there)."""
-        if not self.continues:
-            return batches
-
-        def counting() -> Iterator[Any]:
-            for batch in batches:
-                self._samples_read += batch_size_of(batch)
-                yield batch
-
-        return counting()
+    def _count_read(self, size: int) -> None:
+        """Counts a batch read from the source (a pass read on across epochs begins where the samples read before
+        it end: nothing read is left untrained there)."""
+        self._samples_read += size
 
     def _draw_unread_loader_pass(self) -> None:
         # Keras's PyTorch loop makes the next epoch's DataLoader iterator as soon as an epoch's last step has run, and
@@ -525,7 +521,9 @@ class SourceAdapter(_backend.DataAdapter):
         dropped, empty_passes, batches = 0, 0, 0
         while dropped < samples:
             try:
-                dropped += batch_size_of(next(self._underlying))
+                size = batch_size_of(next(self._underlying))
+                dropped += size
+                self._count_read(size)
                 empty_passes, batches = 0, batches + 1
             except StopIteration:
                 empty_passes += 1
@@ -574,12 +572,13 @@ class SourceAdapter(_backend.DataAdapter):
         self._steps_at_open = self.steps + int(driver is not None and driver.pending is not None and driver.pending_known)
         length = self.inner.num_batches if self._reads_to_length else None
         hold = (lambda index: self._epoch_begins_at(index, beginning)) if self._holds_epoch_ends else None
-        self._current = _ReadAhead(self._underlying, limit if length is None else length - dropped_batches, hold)
+        counts = self._count_read if self.continues and self._saves_draws else None
+        self._current = _ReadAhead(self._underlying, limit if length is None else length - dropped_batches, hold, counts)
         if skipped and self.restarts and (self._current.exhausted or length == dropped_batches) \
                 and not self._current.sizes:
             # The samples dropped ended a pass: the resumed epoch begins with the next pass, as it did.
             self._new_pass()
-            self._current = _ReadAhead(self._underlying, limit if length is None else length, hold)
+            self._current = _ReadAhead(self._underlying, limit if length is None else length, hold, counts)
         return self._current
 
     def _epoch_begins_at(self, index: int, beginning: bool) -> bool:
