@@ -299,6 +299,21 @@ def loss_trackers(model: Any) -> list:
     return [t for t in trackers if t is not None]
 
 
+def samples_counted_by_keras(model: Any) -> int | None:
+    """The samples Keras's own ``train_step`` has counted since the epoch's metrics were reset: its loss tracker's
+    ``count`` (each step adds the rows of its batch). None for a model with its own ``train_step`` (whose trackers
+    count what it chooses) or no loss tracker. On JAX the model's state must have been synced first (read it
+    through a callback's ``self.model``). ``_loss_tracker`` and its weighting by the batch's rows are Keras
+    internals, checked against Keras 3.10-3.15."""
+    step = getattr(type(model), "train_step", None)
+    if not getattr(step, "__module__", "").startswith("keras.") or not step.__qualname__.endswith("Trainer.train_step"):
+        return None
+    count = getattr(getattr(model, "_loss_tracker", None), "count", None)
+    if count is None:
+        return None
+    return int(round(float(keras.ops.convert_to_numpy(count.value))))
+
+
 def layers_that_added_losses(model: Any) -> list:
     """The layers of ``model`` (itself included) that added a loss with ``add_loss`` in the forward pass just run or
     traced (an activity regularizer is one): Keras keeps their ids (``_loss_ids``: JAX's stateless trace) or the

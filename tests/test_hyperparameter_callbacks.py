@@ -346,6 +346,32 @@ def test_callbacks_without_a_clock_say_how_to_fix_it():
         kfit.callbacks.SampleClock(batch_size=0)
 
 
+@pytest.mark.parametrize("steps_per_execution", [1, 3])
+def test_a_sample_clock_given_another_batch_size_than_model_fit_is_refused_at_the_second_step(steps_per_execution):
+    """Without num_samples nothing else shows the mismatch: the schedule would run at half the clock, silently."""
+    if BACKEND == "torch" and steps_per_execution > 1:
+        pytest.skip("steps_per_execution > 1 is TensorFlow and JAX only (Keras refuses it on PyTorch)")
+    x, y = regression_data(64)
+    lr = kfit.schedules.learning_rate_per_sample([0.001, 0.0005], epoch_size=64)
+    trained = {}
+    for clock_size in (8, 4):
+        model = mlp()
+        model.compile(optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution)
+        recorder = StepRecorder(names=("learning_rate",))
+        try:
+            model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+                      callbacks=[kfit.callbacks.SampleClock(batch_size=clock_size),
+                                 kfit.callbacks.LearningRateSchedule(lr), recorder])
+            trained[clock_size] = [row["learning_rate"] for row in recorder.rows]
+        except ValueError as error:
+            trained[clock_size] = str(error)
+    calls = -(-8 // steps_per_execution)  # per epoch of 8 steps
+    assert np.allclose(trained[8], [0.001 * 8] * calls + [0.0005 * 8] * calls)  # the rate of each epoch's samples
+    counted, keras_counted = 4 * steps_per_execution, 8 * steps_per_execution
+    assert f"SampleClock(batch_size=4) counted {counted} samples in model.fit's first" in trained[4]
+    assert f"but model.fit trained {keras_counted}: give SampleClock the batch_size given to model.fit" in trained[4]
+
+
 def test_per_step_hyperparameter_changes_do_not_sync_the_jax_state():
     """On JAX a schedule writes into the state the loop holds: no full state sync per step."""
     x, y = regression_data(64)

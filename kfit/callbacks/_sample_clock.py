@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kfit import _checks
+from kfit import _backend, _checks, distributed
 from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._model_fit import FitDriver
 from kfit.clock import Clock
@@ -19,7 +19,9 @@ class SampleClock(KfitCallback):
     ``num_samples=len(x)`` so that the last, smaller minibatch of each epoch is counted exactly. Under
     :func:`kfit.fit` it is not needed (the clock is kept by the training loop). With
     ``compile(steps_per_execution=N)`` Keras calls the batch hooks once per call of up to ``N`` steps; the clock
-    counts every one of them (values set by schedules change between calls, as Keras allows).
+    counts every one of them (values set by schedules change between calls, as Keras allows). A ``batch_size``
+    that is not ``model.fit``'s is refused with an error at the second step (where the model trains with Keras's
+    own ``train_step``, on one worker: its loss tracker counts the samples each step held).
 
     Args:
         batch_size: the ``batch_size`` given to ``model.fit``.
@@ -40,6 +42,7 @@ class SampleClock(KfitCallback):
         self.batch_size = _checks.count("batch_size", batch_size, low=1)
         self.num_samples = _checks.count("num_samples", num_samples, low=1, allow_none=True)
         self._steps_per_epoch: int | None = None  # model.fit's steps per epoch, known at on_train_begin
+        self._epoch_start: int | None = None  # the clock at the first epoch's start, until its first step is checked
 
     def set_model(self, model: Any) -> None:
         super().set_model(model)
@@ -63,6 +66,9 @@ class SampleClock(KfitCallback):
         elif steps:
             clock.epoch_size = steps * self.batch_size
         self._steps_per_epoch = steps
+        self._epoch_start = None
+        if isinstance(self.training_run.driver, FitDriver) and distributed.size() == 1:
+            self.on_train_batch_begin = self._check_first_step  # (this run's first epoch only; see there)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         """``model.fit(initial_epoch=e)`` starts at epoch ``e`` (to resume a run): a new clock starts at that epoch's
@@ -71,6 +77,31 @@ class SampleClock(KfitCallback):
         if epoch > 0 and clock.samples == 0 and clock.minibatches == 0 and clock.epoch_size:
             steps = self._steps_per_epoch or math.ceil(clock.epoch_size / self.batch_size)
             clock.samples, clock.minibatches = epoch * clock.epoch_size, epoch * steps
+        if self.__dict__.get("on_train_batch_begin") is not None:
+            if self._epoch_start is None:
+                self._epoch_start = clock.samples
+            else:  # the first epoch ended within its first call of the train function: nothing to compare
+                del self.on_train_batch_begin
+
+    def _check_first_step(self, batch: int, logs: dict | None = None) -> None:
+        """``on_train_batch_begin`` until the run's first step has been counted: then the samples Keras's own
+        ``train_step`` counted in it (its loss tracker) must be the ones this clock counted, else the
+        ``batch_size`` given here is not ``model.fit``'s and every schedule would run on a wrong clock, silently.
+        Checked once, at the second step (a state sync on JAX, once); a model with its own ``train_step`` is not
+        checked."""
+        KfitCallback.on_train_batch_begin(self, batch, logs)
+        if batch == 0 or self._epoch_start is None:
+            return
+        del self.on_train_batch_begin  # checked: the hot path is the base's again
+        counted = self.clock.samples - self._epoch_start
+        trained = _backend.samples_counted_by_keras(self.model)
+        if trained and trained != counted:
+            raise ValueError(
+                f"SampleClock(batch_size={self.batch_size}) counted {counted} samples in model.fit's first "
+                f"{'step' if batch == 1 else f'{batch} steps'}, but model.fit trained {trained}: give SampleClock "
+                "the batch_size given to model.fit (model.fit(..., batch_size=B) and SampleClock(batch_size=B); "
+                "model.fit's default is 32)."
+            )
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         """Counts the epoch's last step (the flush happens in the hook wrapper)."""
