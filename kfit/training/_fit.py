@@ -132,8 +132,9 @@ def fit(
       training;
     * ``seed``: the seed of the data stream's shuffling (each sweep is shuffled by ``(seed, sweep)``); a source that
       batches itself (tf.data, a generator, a DataLoader) keeps its own order and seeds;
-    * ``prefetch``: minibatches read ahead on a background thread (None: 2 from h5py datasets and
+    * ``prefetch``: minibatches read ahead on a background thread by kfit's loop (None: 2 from h5py datasets and
       ``PyDataset``s, none from NumPy arrays in memory, whose gather is faster than a hand-off between threads);
+      alone it does not make kfit's loop train, and is then unused;
     * ``pad_remainders``: for a step compiled per shape (JAX; TensorFlow with ``jit_compile=True``), hand it each
       minibatch that an epoch end (or ``max_samples``) cuts short at its scheduled size, padded with zero-weight
       rows whose effect is taken out exactly, so that cut sizes compile no step of their own (mathematically exact,
@@ -141,8 +142,8 @@ def fit(
       ``kfit/training/_padding.py``). Nothing to pad on PyTorch and on TensorFlow without XLA, where one step serves
       every size.
 
-    When none of these (nor a callback that needs the stream, such as ``kfit.callbacks.Checkpoint`` or
-    ``MinibatchSizeSchedule``) is used, this is exactly ``model.fit`` plus kfit's clock: the same weights
+    When none of these but ``prefetch`` (nor a callback that needs the stream, such as ``kfit.callbacks.Checkpoint``
+    or ``MinibatchSizeSchedule``) is used, this is exactly ``model.fit`` plus kfit's clock: the same weights
     for the same seed. Otherwise training data (arrays, h5py datasets, dicts/lists/tuples of them) is read
     as a seekable :class:`kfit.data.SampleStream` by kfit's own training loop, which runs the model's
     compiled train step.
