@@ -366,6 +366,8 @@ def test_minibatch_size_schedule_needs_kfit_fit():
     with pytest.raises(RuntimeError, match="needs kfit.fit"):
         model.fit(x, y, batch_size=4, verbose=0, callbacks=[
             kfit.callbacks.SampleClock(batch_size=4, num_samples=20), kfit.callbacks.MinibatchSizeSchedule([4, 8])])
+    with pytest.raises(RuntimeError, match="needs kfit.fit"):  # without a SampleClock too (it trained on, ignored)
+        model.fit(x, y, batch_size=4, verbose=0, callbacks=[kfit.callbacks.MinibatchSizeSchedule([4, 8])])
 
 
 def test_pydataset_input_with_a_minibatch_size_schedule():

@@ -49,7 +49,9 @@ class MinibatchSizeSchedule(KfitCallback):
         return int(self.schedule.value(samples, minibatches))
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        if self.training_run.driver is not None and not self.training_run.driver.plans_sizes:
+        run = self.training_run
+        # (no driver and no clock attached by hand: plain model.fit without a SampleClock)
+        if (run.driver is None and not run.manual) or (run.driver is not None and not run.driver.plans_sizes):
             raise RuntimeError(
                 "MinibatchSizeSchedule needs kfit.fit: plain model.fit draws minibatches of one fixed size. "
                 "Replace model.fit(x, y, ...) with kfit.fit(model, x, y, ...)."
