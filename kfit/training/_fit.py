@@ -285,6 +285,9 @@ def _fit_with_model_fit(model: Any, x: Any, y: Any, sample_weight: Any, validati
         n = dataset_length(x)
         if o.validation_split and validation_data is None:
             n = _training_rows(n, o.validation_split)
+        if n == 0:  # (as kfit's stream says it, not as the SampleClock's num_samples=0 the user never passed)
+            split = f" after validation_split={o.validation_split}" if o.validation_split and validation_data is None else ""
+            raise ValueError(f"Invalid value for argument `x`: the training data is empty (0 samples{split}).")
         clock_callbacks.append(SampleClock(batch_size=o.minibatch_size or 32, num_samples=n))
     history = RunHistory()
     summaries = EpochSummaries(history)
