@@ -13,8 +13,9 @@ passwordless ssh from the first one; add ``--network-interface eth0`` if the hos
     horovodrun --gloo -np 8 -H host1:4,host2:4 python examples/horovod_mnist.py --checkpoint /shared/digits.ckpt
 
 One process, no Horovod: ``python examples/horovod_mnist.py``. A small, quick run (CI):
-``KFIT_EXAMPLE_SMALL=1`` or ``--small``. With ``--checkpoint PATH`` (a path every worker can read), rank 0
-saves the training state every epoch, and the same command run again after a failure resumes from it.
+``KFIT_EXAMPLE_SMALL=1`` or ``--small``. With ``--checkpoint PATH`` (a path on rank 0's machine: only rank 0
+reads and writes it), rank 0 saves the training state every epoch, and the same command run again after a failure
+resumes from it.
 """
 
 from __future__ import annotations
