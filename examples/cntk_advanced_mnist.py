@@ -1,6 +1,6 @@
 """CNTK's advanced MNIST sample (Function.train with every callback), ported to Keras 3 + kfit.
 
-The sample of the CNTK 2.2 Python guide, section 6-3 (``shared/reference/001_...txt``), on the
+The sample of the CNTK 2.2 Python API guide, section 6-3, on the
 handwritten digits that ship with scikit-learn (8x8 images, no download): per-sample learning rates and
 momentum as a time constant, a minibatch size growing during training, progress lines (to a log file
 and to stderr), TensorBoard events, a checkpoint at every epoch (a rerun resumes from it), cross-validation

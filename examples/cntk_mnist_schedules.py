@@ -1,4 +1,4 @@
-"""CNTK's MNIST training with schedules (reference 001, section 5), ported to Keras 3 + kfit.
+"""CNTK's MNIST training with schedules (the CNTK 2.2 Python API guide, section 5), ported to Keras 3 + kfit.
 
 The CNTK code:
 

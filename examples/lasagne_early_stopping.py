@@ -1,5 +1,5 @@
-"""A Lasagne-style training run (reference 003): early stopping with a minimum number of epochs and a
-patience in epochs, keeping the best state.
+"""A Lasagne-style training run (the trainer proposed to Lasagne with britefury-lasagne-helpers): early
+stopping with a minimum number of epochs and a patience in epochs, keeping the best state.
 
 Lasagne's proposed trainer: `min_epochs` before any stop, stop after `val_improve_num_epochs` epochs
 without improvement of the validation loss, then restore the parameters of the best epoch. In kfit these
