@@ -18,8 +18,8 @@ Example:
     ...     clock.minibatch_size = 32; clock.advance(32); crossed.append(clock.crossed(every))
     >>> crossed  # the steps that end at 96 and 192
     [False, False, True, False, False, True]
-    >>> Interval.parse("2ep"), Interval.parse(500), str(Interval.parse("10mb"))
-    (Interval(2, 'ep'), Interval(500, 'sp'), '10mb')
+    >>> Interval.parse("2ep"), Interval.parse(500), str(Interval.parse("10mb")), Interval("50000sp")
+    (Interval(2, 'ep'), Interval(500, 'sp'), '10mb', Interval(50000, 'sp'))
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ _SPEC = re.compile(r"^\s*(\d+)\s*(sp|mb|ep)\s*$")
 
 @dataclass(frozen=True)
 class Interval:
-    """Every ``value`` units of the clock.
+    """Every ``value`` units of the clock: ``Interval(2, "ep")``, or from its string, ``Interval("2ep")``.
 
     Attributes:
-        value: a positive integer.
+        value: a positive integer (given as a string such as ``"2ep"``, the string's unit is the unit).
         unit: ``"sp"`` (samples, global over all workers), ``"mb"`` (minibatches, i.e. training steps) or ``"ep"``
             (epochs of ``epoch_size`` samples).
     """
@@ -48,6 +48,10 @@ class Interval:
     unit: str = "sp"
 
     def __post_init__(self) -> None:
+        if isinstance(self.value, str):  # Interval("50000sp"), as the callbacks take it
+            parsed = Interval.parse(self.value, name="value")
+            object.__setattr__(self, "value", parsed.value)
+            object.__setattr__(self, "unit", parsed.unit)
         _checks.count("value", self.value, low=1)
         _checks.choice("unit", self.unit, tuple(UNITS))
 

@@ -28,6 +28,13 @@ def test_a_bad_interval_names_the_argument_and_the_forms_that_work(spec):
         Interval.parse(spec)
 
 
+def test_an_interval_is_made_from_its_string_as_the_callbacks_take_it():
+    assert Interval("50000sp") == Interval(50000, "sp") and Interval(" 2ep ") == Interval(2, "ep")
+    assert kfit.Interval("100mb").unit == "mb"
+    with pytest.raises(ValueError, match=r"`value`: expected a positive number of samples.*Received: value='2 epochs'"):
+        Interval("2 epochs")
+
+
 def _steps(interval, sizes, epoch_size=100):
     """The clock readings (samples) after the steps at which ``interval`` is crossed."""
     clock, at = kfit.Clock(epoch_size=epoch_size), []
