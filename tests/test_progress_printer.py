@@ -256,6 +256,19 @@ def test_other_metrics_no_metric_and_learning_rate_per_minibatch(tmp_path):
     assert re.match(r"^Finished Epoch\[1\]: loss = \d+\.\d{6} \* 32 \d+\.\d{3}s \(\s*\d+\.\d samples/s(; the first minibatch, compiling, took \d+\.\d{3}s)?\);$", lines[6])
 
 
+def test_an_accuracy_a_hair_above_one_from_rounding_shows_no_negative_error(tmp_path):
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    attach_clock(model, Clock(epoch_size=16))
+    log = tmp_path / "progress.log"
+    printer = ProgressPrinter(log_to_file=log)
+    printer.set_model(model)
+    printer.on_train_begin()
+    printer.on_cross_validation_end(0, {"val_loss": 0.5, "val_accuracy": 1.0000001, "val_samples": 4,
+                                        "val_minibatches": 1})
+    assert lines_of(log) == ["Finished Evaluation [val_index=0]: Minibatch[1-1]: val_loss = 0.500000 * 4, "
+                             "1 - val_accuracy = 0.00%;"]
+
+
 def test_only_the_chief_prints(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(kfit.distributed, "is_chief", lambda: False)
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])

@@ -165,7 +165,8 @@ class ProgressPrinter(KfitCallback):
 
     def _value(self, key: str, value: float) -> str:
         if self.metric_is_pct and _is_accuracy(key):
-            return f"1 - {key} = {(1.0 - value) * 100.0:.2f}%"
+            # (+ 0.0: a mean a hair above 1 from float rounding shows 0.00%, not -0.00%)
+            return f"1 - {key} = {round((1.0 - value) * 100.0, 2) + 0.0:.2f}%"
         return f"{key} = {value:.6f}"
 
     def _summary(self, means: dict[str, float], count: int | None, keys: list[str]) -> str:
