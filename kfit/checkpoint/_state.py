@@ -1,6 +1,6 @@
 """The training state: collected from a run into arrays and JSON, and put back into one.
 
-What is kept (SPEC section 4): the model's variables (weights, non-trainable state, seed-generator state),
+What is kept: the model's variables (weights, non-trainable state, seed-generator state),
 the optimizer's variables (slots, iteration counter, hyperparameter variables), the metric variables (so
 an epoch's running training metrics continue exactly after a mid-epoch resume), the clock, the stream's
 position and seed, the state of every callback that has ``get_state``, the history, and the NumPy, Python

@@ -1,7 +1,7 @@
 """Schedules with a unit: learning rates, momenta and minibatch sizes, and what a minibatch of `B` samples uses.
 
 The unit says how a value is turned into what the optimizer uses for one minibatch of `B` samples
-(SPEC section 2; Keras losses are means over the minibatch):
+(CNTK's units, for Keras losses, which are means over the minibatch):
 
 =============  ===============  ===========================================================
 kind           unit             `for_minibatch(..., B)`
