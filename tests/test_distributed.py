@@ -322,6 +322,15 @@ def test_distributed_optimizer_keeps_the_class_name_and_config():
         (dict(op="max"), "op"),
         (dict(num_groups=-1), "num_groups"),
         (dict(name=""), "name"),
+        # Horovod's arguments that kfit cannot honour: refused, naming the value and what to use instead.
+        (dict(op=hvd.Adasum), r"`op`.*no Adasum.*op=Adasum.*Average"),
+        (dict(backward_passes_per_step=4), r"backward_passes_per_step=4.*gradient_accumulation_steps=4"),
+        (dict(gradient_predivide_factor=2.0, op=hvd.Sum), r"gradient_predivide_factor=2\.0.*op=Sum"),
+        (dict(gradient_predivide_factor=0), "gradient_predivide_factor=0"),
+        (dict(process_set=object()), "process_set=.*Leave process_set out"),
+        (dict(groups=[[0], [1]]), r"groups=\[\[0\], \[1\]\].*num_groups"),
+        (dict(groups=2, num_groups=3), "groups=2, num_groups=3"),
+        (dict(sparse_as_dense="yes"), "sparse_as_dense"),
     ],
 )
 def test_distributed_optimizer_refuses_bad_arguments(kwargs, match):
@@ -329,6 +338,17 @@ def test_distributed_optimizer_refuses_bad_arguments(kwargs, match):
     arguments.update(kwargs)
     with pytest.raises((TypeError, ValueError), match=match):
         hvd.DistributedOptimizer(**arguments)
+
+
+def test_distributed_optimizer_accepts_horovods_other_arguments():
+    # A Horovod-Keras script's DistributedOptimizer call ports by changing its import (test_distributed's
+    # model_fit scenario checks the predivide factor's average over two workers).
+    optimizer = hvd.DistributedOptimizer(
+        keras.optimizers.SGD(), name=None, device_dense="", device_sparse="", compression=hvd.Compression.none,
+        sparse_as_dense=True, gradient_predivide_factor=2.0, op=hvd.Average, backward_passes_per_step=1,
+        average_aggregated_gradients=True, num_groups=0, groups=2, process_set=None, scale_local_gradients=True)
+    options = optimizer._kfit_horovod_options
+    assert (options.num_groups, options.predivide) == (2, 2.0)
 
 
 def test_gradient_groups_split_evenly():

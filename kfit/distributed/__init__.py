@@ -57,7 +57,14 @@ from typing import Any
 
 from kfit.distributed import _select
 from kfit.distributed._engine import WorkerLostError
-from kfit.distributed._optimizer import Average, Compression, DistributedOptimizer, Sum, is_distributed
+from kfit.distributed._optimizer import (
+    Adasum,
+    Average,
+    Compression,
+    DistributedOptimizer,
+    Sum,
+    is_distributed,
+)
 
 
 def init() -> None:
@@ -236,6 +243,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Adasum",
     "Average",
     "BroadcastGlobalVariablesCallback",
     "Compression",

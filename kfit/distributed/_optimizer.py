@@ -48,6 +48,8 @@ class Compression:
 #: Reduction operations accepted by :func:`DistributedOptimizer` (Horovod's ``hvd.Average``, ``hvd.Sum``).
 Average = "average"
 Sum = "sum"
+#: Horovod's ``hvd.Adasum``, so that a ported script's name resolves: :func:`DistributedOptimizer` refuses it.
+Adasum = "adasum"
 
 GRADIENTS_NAME = "kfit.gradients"
 
@@ -58,6 +60,7 @@ class _Options:
     compression: str
     num_groups: int
     name: str
+    predivide: float = 1.0
 
 
 # The number of samples of the step being traced, set by the train-step hook that prepare_model installs
@@ -95,6 +98,8 @@ def reduce_gradients(grads: list, options: _Options) -> list:
     if weighted:
         n = ops.cast(count, dense[0].dtype)
         dense = [g * ops.cast(n, g.dtype) for g in dense]
+    if options.predivide != 1.0:  # Horovod's gradient_predivide_factor: part of the division before the sum
+        dense = [g / ops.cast(options.predivide, g.dtype) if _is_float(g) else g for g in dense]
     if options.compression == Compression.fp16:
         dense = [ops.cast(g, "float16") if _is_float(g) else g for g in dense]
     average = options.op == Average and not weighted
@@ -114,6 +119,8 @@ def reduce_gradients(grads: list, options: _Options) -> list:
     reduced = [ops.cast(r, dtype) for r, dtype in zip(reduced, dtypes)]
     if weighted:
         reduced = [r / ops.cast(total[0], r.dtype) for r in reduced]
+    if options.predivide != 1.0:  # ... and the rest after it
+        reduced = [r * ops.cast(options.predivide, r.dtype) if _is_float(r) else r for r in reduced]
     out = list(grads)
     for i, value in zip(index, reduced):
         out[i] = value
@@ -170,6 +177,16 @@ def DistributedOptimizer(
     compression: str = Compression.none,
     op: str = Average,
     num_groups: int = 0,
+    *,
+    device_dense: str = "",
+    device_sparse: str = "",
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+    groups: int | None = None,
+    process_set: Any = None,
+    scale_local_gradients: bool = True,
 ) -> keras.optimizers.Optimizer:
     """Makes a Keras 3 optimizer sum its gradients over the workers at every step (Horovod or native engine).
 
@@ -193,12 +210,27 @@ def DistributedOptimizer(
         op: ``Average`` (the mean gradient) or ``Sum`` (the sum of the workers' gradients).
         num_groups: split the gradients into this many allreduce calls (0 or 1: one call).
 
+    Horovod's other arguments, keyword-only here, are accepted where they keep their meaning and refused,
+    saying what to use instead, where they cannot:
+
+    - ``device_dense``, ``device_sparse``: accepted, unused (the gradients stay where the backend put them);
+    - ``sparse_as_dense``: accepted; kfit always sends sparse gradients (``tf.IndexedSlices``) as dense tensors;
+    - ``gradient_predivide_factor``: with ``op=Average``, the gradients are divided by it before the sum and the
+      sum multiplied by ``factor / size`` after it, as Horovod does (the same average; a smaller sum on the wire);
+    - ``backward_passes_per_step``: 1 only; accumulate gradients with the Keras optimizer's own
+      ``gradient_accumulation_steps=N`` (which averages them: Horovod's ``average_aggregated_gradients=True``);
+    - ``average_aggregated_gradients``: accepted (it means nothing for one backward pass per step);
+    - ``groups``: a number of groups, as ``num_groups``; lists of variables are refused;
+    - ``process_set``: None only (kfit reduces over every worker);
+    - ``scale_local_gradients``: accepted (Keras 3 models have no Horovod local variables).
+
     Returns:
         ``optimizer``, now distributed.
 
     Raises:
         TypeError: ``optimizer`` is not a Keras optimizer.
-        ValueError: an unknown ``compression`` or ``op``, a negative ``num_groups``, an empty ``name``.
+        ValueError: an unknown ``compression`` or ``op`` (``Adasum`` included), a negative ``num_groups``, an empty
+            ``name``, or a Horovod argument kfit cannot honour (above; the message says what to use instead).
 
     Example:
         >>> import keras, kfit
@@ -216,18 +248,73 @@ def DistributedOptimizer(
             "Invalid value for argument `compression`: expected kfit.distributed.Compression.none or "
             f"Compression.fp16. Received: compression={compression!r}"
         )
+    if op == Adasum:
+        raise ValueError(
+            "Invalid value for argument `op`: kfit has no Adasum reduction (Horovod's adaptive summation). Received: "
+            "op=Adasum. Use op=kfit.distributed.Average (the default) with the learning rate scaled by size(), or "
+            "op=Sum."
+        )
     if op not in (Average, Sum):
         raise ValueError(
             f"Invalid value for argument `op`: expected kfit.distributed.Average or Sum. Received: op={op!r}"
         )
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
         raise ValueError(f"Invalid value for argument `num_groups`: expected a non-negative integer. Received: num_groups={num_groups!r}")
+    num_groups = _horovod_arguments(
+        device_dense=device_dense, device_sparse=device_sparse, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op, backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups, num_groups=num_groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"Invalid value for argument `name`: expected a non-empty string. Received: name={name!r}")
     if not is_distributed(optimizer):
         optimizer.__class__ = _distributed_class(type(optimizer))
-    object.__setattr__(optimizer, "_kfit_horovod_options", _Options(op, compression, num_groups, name or GRADIENTS_NAME))
+    object.__setattr__(optimizer, "_kfit_horovod_options", _Options(op, compression, num_groups, name or GRADIENTS_NAME, float(gradient_predivide_factor)))
     return optimizer
+
+
+def _horovod_arguments(**given: Any) -> int:
+    """Checks Horovod's arguments that kfit accepts for compatibility; returns the number of groups."""
+
+    def refuse(name: str, expected: str, fix: str = "") -> ValueError:
+        return ValueError(f"Invalid value for argument `{name}`: expected {expected}. Received: {name}={given[name]!r}"
+                          + (f". {fix}" if fix else ""))
+
+    for name in ("device_dense", "device_sparse"):
+        if not isinstance(given[name], str):
+            raise refuse(name, "a string (accepted for Horovod's sake; kfit does not use it)")
+    for name in ("sparse_as_dense", "average_aggregated_gradients", "scale_local_gradients"):
+        if not isinstance(given[name], bool):
+            raise refuse(name, "True or False")
+    factor = given["gradient_predivide_factor"]
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < float("inf"):
+        raise refuse("gradient_predivide_factor", "a positive number")
+    if factor != 1.0 and given["op"] != Average:
+        raise refuse("gradient_predivide_factor", "1.0 unless op is Average (it splits an average's division, as in "
+                     "Horovod)", "With op=Sum there is no division to split: use op=kfit.distributed.Average, or leave "
+                     "gradient_predivide_factor out")
+    passes = given["backward_passes_per_step"]
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise refuse("backward_passes_per_step", "a positive integer")
+    if passes != 1:
+        raise refuse("backward_passes_per_step", "1 (kfit reduces the gradients of every step)",
+                     f"To accumulate {passes} minibatches' gradients per update, give the Keras optimizer "
+                     f"gradient_accumulation_steps={passes} (it averages them, as Horovod's "
+                     "average_aggregated_gradients=True), e.g. keras.optimizers.SGD(..., "
+                     f"gradient_accumulation_steps={passes})")
+    if given["process_set"] is not None:
+        raise refuse("process_set", "None (kfit reduces the gradients over every worker)",
+                     "Leave process_set out")
+    groups, num_groups = given["groups"], given["num_groups"]
+    if groups is None:
+        return num_groups
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 0:
+        raise refuse("groups", "None or a non-negative number of groups (lists of variables are not supported)",
+                     "Give the number of allreduce groups, e.g. num_groups=2")
+    if num_groups not in (0, groups):
+        raise ValueError(f"Arguments `groups` and `num_groups` both give the number of groups; give one. Received: "
+                         f"groups={groups!r}, num_groups={num_groups!r}")
+    return groups
 
 
 def _count_samples(train_step: Any) -> Any:

@@ -183,7 +183,10 @@ def scenario_model_fit() -> None:
     val = (xv[lo : lo + m["val_sizes"][RANK]], yv[lo : lo + m["val_sizes"][RANK]])
     net = common.model(init_seed=10 + RANK)
     initial = common.weights(net)
-    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=m["lr"]))
+    # Horovod's arguments as a ported script gives them: the predivide factor splits the average's division
+    # around the sum (the same average), the others are accepted and change nothing.
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=m["lr"]), device_dense="", sparse_as_dense=True,
+                                         gradient_predivide_factor=4.0, average_aggregated_gradients=True)
     net.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
     local, averaged, rates = Logs(), Logs(), LearningRates()
     callbacks = [
