@@ -418,6 +418,53 @@ def test_warmup_in_samples_follows_the_linear_scaling_rule_with_momentum_correct
     assert float(keras.ops.convert_to_numpy(model.optimizer.momentum)) == pytest.approx(0.9)
 
 
+def test_horovods_callbacks_namespace_holds_kfits_callbacks():
+    # `hvd.callbacks.<Name>(...)` as Horovod-Keras writes it ports by changing the import only.
+    for name in ("BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
+                 "LearningRateScheduleCallback"):
+        assert getattr(hvd.callbacks, name) is getattr(hvd, name)
+
+
+def test_learning_rate_schedule_callback_follows_horovods_formula_with_momentum_correction():
+    x, y = common.data(40)
+    histories, recorded = [], []
+    for schedule in (
+        # Staircase, a number as multiplier: 0.2 * 0.5 ** (epoch - 1) in epochs 1 and 2, then left alone.
+        hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.2, multiplier=0.5, start_epoch=1, end_epoch=3),
+        # Before every step: 0.2 * multiplier(epoch + batch / steps_per_epoch).
+        hvd.callbacks.LearningRateScheduleCallback(0.2, lambda epoch: 1 / (1 + epoch), staircase=False),
+    ):
+        model = common.model(0)
+        model.compile(optimizer=kfit.optimizers.MomentumSGD(0.1, momentum=0.9, variant="keras"), loss="mse")
+        rates = _Rates()
+        histories.append(model.fit(x, y, batch_size=8, epochs=4, shuffle=False, verbose=0, callbacks=[schedule, rates]))
+        recorded.append(rates)
+        assert float(keras.ops.convert_to_numpy(model.optimizer.momentum)) == pytest.approx(0.9)
+    steps = 5
+    staircase = [[0.1, 0.2, 0.1, 0.1][epoch] for epoch in range(4) for _ in range(steps)]
+    smooth = [0.2 / (1 + epoch + batch / steps) for epoch in range(4) for batch in range(steps)]
+    for rates, expected, history in zip(recorded, (staircase, smooth), histories):
+        np.testing.assert_allclose(rates.values, expected, rtol=1e-6)
+        previous = [0.1] + expected[:-1]
+        corrected = [0.9 * new / old if not np.isclose(new, old) else 0.9 for new, old in zip(expected, previous)]
+        np.testing.assert_allclose(rates.momenta, corrected, rtol=1e-5)
+        np.testing.assert_allclose(history.history["lr"], expected[steps - 1 :: steps], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(initial_lr=None, multiplier=0.5), "initial_lr=None"),
+        (dict(initial_lr=0.1, multiplier="fast"), "multiplier='fast'"),
+        (dict(initial_lr=0.1, multiplier=0.5, start_epoch=2, end_epoch=2), "end_epoch=2"),
+        (dict(initial_lr=0.1, multiplier=0.5, steps_per_epoch=0), "steps_per_epoch=0"),
+    ],
+)
+def test_learning_rate_schedule_callback_refuses_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        hvd.LearningRateScheduleCallback(**kwargs)
+
+
 def test_warmup_refuses_momentum_correction_it_cannot_apply():
     x, y = common.data(16)
     model = common.model(0)

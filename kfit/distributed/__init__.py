@@ -26,7 +26,8 @@ overrides the launcher's choice.
 
 For plain ``model.fit``, this module ports Horovod's Keras API to Keras 3 under the same names:
 :func:`DistributedOptimizer`, :class:`BroadcastGlobalVariablesCallback`, :class:`MetricAverageCallback`,
-:class:`LearningRateWarmupCallback`, so a Horovod-Keras script ports by changing its imports
+:class:`LearningRateWarmupCallback`, :class:`LearningRateScheduleCallback` (also as ``callbacks.<Name>``, as
+``hvd.callbacks.<Name>``), so a Horovod-Keras script ports by changing its imports
 (``import kfit.distributed as hvd``), and runs under either engine. Horovod's elastic mode (Horovod only):
 :class:`ElasticState` and ``@elastic.run``.
 
@@ -212,6 +213,7 @@ _LAZY = {
     "BroadcastGlobalVariablesCallback": "kfit.distributed._callbacks",
     "MetricAverageCallback": "kfit.distributed._callbacks",
     "LearningRateWarmupCallback": "kfit.distributed._callbacks",
+    "LearningRateScheduleCallback": "kfit.distributed._callbacks",
     # Horovod's elastic mode (imports Horovod: use it under horovodrun only).
     "ElasticState": "kfit.distributed._elastic",
 }
@@ -235,6 +237,8 @@ def _import_elastic() -> Any:
 def __getattr__(name: str) -> Any:
     if name == "elastic":  # ``@kfit.distributed.elastic.run``, as ``@hvd.elastic.run``
         return _import_elastic()
+    if name == "callbacks":  # ``hvd.callbacks.BroadcastGlobalVariablesCallback(0)``, as in Horovod-Keras
+        return importlib.import_module("kfit.distributed.callbacks")
     if name in _LAZY and _LAZY[name] == "kfit.distributed._elastic":
         return getattr(_import_elastic(), name)
     if name in _LAZY:
@@ -249,6 +253,7 @@ __all__ = [
     "Compression",
     "DistributedOptimizer",
     "ElasticState",
+    "LearningRateScheduleCallback",
     "LearningRateWarmupCallback",
     "MetricAverageCallback",
     "Sum",
@@ -256,6 +261,7 @@ __all__ = [
     "any_true",
     "average_metrics",
     "broadcast_training_state",
+    "callbacks",
     "elastic",
     "engine",
     "init",

@@ -1,4 +1,4 @@
-"""Horovod's Keras callbacks, for Keras 3: broadcast, metric averaging, learning-rate warm-up.
+"""Horovod's Keras callbacks, for Keras 3: broadcast, metric averaging, learning-rate warm-up and schedule.
 
 Same names and arguments as ``horovod.keras.callbacks``, so a Horovod-Keras script ports by changing its
 imports. They are for plain ``model.fit``; :func:`kfit.fit` broadcasts and averages by itself (adding
@@ -6,6 +6,8 @@ them there is harmless), and :class:`LearningRateWarmupCallback` works under bot
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import keras
 
@@ -104,6 +106,22 @@ class MetricAverageCallback(keras.callbacks.Callback):
         self._train_count = None
 
 
+def _momentum_to_correct(optimizer: keras.optimizers.Optimizer, owner: str) -> keras.Variable | None:
+    """The momentum variable that a change of learning rate must correct (Goyal et al.), or None."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    momentum = getattr(inner, "momentum", None)
+    if isinstance(momentum, keras.Variable):
+        return momentum if getattr(inner, "variant", "keras") == "keras" else None
+    if isinstance(momentum, (int, float)) and not isinstance(momentum, bool) and momentum > 0:
+        raise ValueError(
+            f"{owner}(momentum_correction=True) needs the momentum in a variable, but "
+            f"{type(inner).__name__} keeps momentum={momentum} as a Python float compiled into the train step. "
+            "Use kfit.optimizers.MomentumSGD(variant='keras', momentum=...) (Keras's update, momentum in a "
+            "variable), or pass momentum_correction=False."
+        )
+    return None
+
+
 class LearningRateWarmupCallback(keras.callbacks.Callback):
     """Gradual learning-rate warm-up from ``initial_lr / size()`` to ``initial_lr`` (Goyal et al., 2017).
 
@@ -188,20 +206,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         model = self._model
         optimizer = model.optimizer
         self._lr_variable = hyperparameter_variable(optimizer, "learning_rate")
-        self._momentum_variable = None
-        if self.momentum_correction:
-            inner = getattr(optimizer, "inner_optimizer", optimizer)
-            momentum = getattr(inner, "momentum", None)
-            if isinstance(momentum, keras.Variable):
-                if getattr(inner, "variant", "keras") == "keras":
-                    self._momentum_variable = momentum
-            elif isinstance(momentum, (int, float)) and not isinstance(momentum, bool) and momentum > 0:
-                raise ValueError(
-                    f"LearningRateWarmupCallback(momentum_correction=True) needs the momentum in a variable, but "
-                    f"{type(inner).__name__} keeps momentum={momentum} as a Python float compiled into the train step. "
-                    "Use kfit.optimizers.MomentumSGD(variant='keras', momentum=...) (Keras's update, momentum in a "
-                    "variable), or pass momentum_correction=False."
-                )
+        self._momentum_variable = _momentum_to_correct(optimizer, type(self).__name__) if self.momentum_correction else None
         clock = getattr(current_run(model), "clock", None)
         if self.warmup_samples is not None and clock is None:
             raise ValueError(
@@ -269,3 +274,123 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         if self.verbose and self._finished and rank() == 0 and not self._announced:
             self._announced = True
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {self._last_lr:g}.")
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Sets the learning rate to ``initial_lr * multiplier(epoch)`` between two epochs (Horovod's callback).
+
+    The port of ``hvd.callbacks.LearningRateScheduleCallback``, with its arguments and meaning. In epochs
+    ``start_epoch <= epoch < end_epoch`` (``end_epoch`` None: to the end), the rate is set before the first
+    step of each epoch to ``initial_lr * multiplier(epoch)`` (``staircase=True``), or before every step to
+    ``initial_lr * multiplier(epoch + batch / steps_per_epoch)`` (``staircase=False``). A number as
+    ``multiplier`` is an exponential decay: ``multiplier ** (epoch - start_epoch)``. Outside those epochs the
+    rate is left alone (another callback, such as :class:`LearningRateWarmupCallback` before ``start_epoch``,
+    may set it). With ``momentum_correction``, a step whose rate changes from ``lr`` to ``lr'`` uses
+    ``mu * lr' / lr`` as its momentum (see :class:`LearningRateWarmupCallback` for the optimizers it applies
+    to). The epoch's logs get ``lr``.
+
+    Args:
+        initial_lr: the rate the multiplier scales (Horovod requires it: usually the single-worker rate times
+            ``size()``).
+        multiplier: a function of the (fractional) epoch, or a positive number (exponential decay).
+        start_epoch: the first epoch the schedule sets (from 0, as Keras counts).
+        end_epoch: the epoch it stops before (None: never).
+        staircase: True: once per epoch; False: before every step.
+        momentum_correction: apply the momentum correction.
+        steps_per_epoch: steps per epoch, for ``staircase=False`` (default: Keras's ``params["steps"]``).
+
+    Raises:
+        ValueError: a missing or non-positive ``initial_lr``, a ``multiplier`` that is neither callable nor a
+            positive number, a negative ``start_epoch``, an ``end_epoch`` not after ``start_epoch``, a
+            non-positive ``steps_per_epoch``; at ``on_train_begin``, the momentum correction asked for an optimizer
+            whose momentum is a Python float, or no steps per epoch for ``staircase=False``.
+
+    Example:
+        >>> import kfit.distributed as hvd
+        >>> decay = hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1 * hvd.size(), multiplier=0.1,
+        ...                                                     start_epoch=30, end_epoch=60)
+        >>> decay.lr_at(31)
+        0.010000000000000002
+    """
+
+    def __init__(
+        self,
+        initial_lr: float,
+        multiplier: Any,
+        start_epoch: int = 0,
+        end_epoch: int | None = None,
+        staircase: bool = True,
+        momentum_correction: bool = True,
+        steps_per_epoch: int | None = None,
+    ):
+        super().__init__()
+        if isinstance(initial_lr, bool) or not isinstance(initial_lr, (int, float)) or not initial_lr > 0:
+            raise ValueError(f"Invalid value for argument `initial_lr`: expected a positive float (Horovod requires it). Received: initial_lr={initial_lr!r}")
+        if not callable(multiplier):
+            if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)) or not multiplier > 0:
+                raise ValueError(f"Invalid value for argument `multiplier`: expected a function of the epoch or a positive number. Received: multiplier={multiplier!r}")
+            factor = float(multiplier)
+            multiplier = lambda epoch: factor ** (epoch - start_epoch)  # noqa: E731  (Horovod's exponential decay)
+        if isinstance(start_epoch, bool) or not isinstance(start_epoch, int) or start_epoch < 0:
+            raise ValueError(f"Invalid value for argument `start_epoch`: expected a non-negative integer. Received: start_epoch={start_epoch!r}")
+        if end_epoch is not None and (isinstance(end_epoch, bool) or not isinstance(end_epoch, (int, float)) or end_epoch <= start_epoch):
+            raise ValueError(f"Invalid value for argument `end_epoch`: expected None or an epoch after start_epoch={start_epoch}. Received: end_epoch={end_epoch!r}")
+        if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int) or steps_per_epoch < 1):
+            raise ValueError(f"Invalid value for argument `steps_per_epoch`: expected a positive integer or None. Received: steps_per_epoch={steps_per_epoch!r}")
+        for argument, value in (("staircase", staircase), ("momentum_correction", momentum_correction)):
+            if not isinstance(value, bool):
+                raise ValueError(f"Invalid value for argument `{argument}`: expected True or False. Received: {argument}={value!r}")
+        self.initial_lr = float(initial_lr)
+        self.multiplier = multiplier
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = 0
+        self._lr_variable = None
+        self._momentum_variable = None
+        self._restore_momentum: float | None = None
+
+    def lr_at(self, epoch: float) -> float:
+        """``initial_lr * multiplier(epoch)``: the rate the schedule sets at a (fractional) epoch."""
+        return self.initial_lr * float(self.multiplier(epoch))
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        from kfit.optimizers import hyperparameter_variable
+
+        optimizer = self._model.optimizer
+        self._lr_variable = hyperparameter_variable(optimizer, "learning_rate")
+        owner = type(self).__name__
+        self._momentum_variable = _momentum_to_correct(optimizer, owner) if self.momentum_correction else None
+        if not self.staircase and not self.steps_per_epoch:
+            self.steps_per_epoch = (self.params or {}).get("steps")
+            if not self.steps_per_epoch:
+                raise ValueError(f"{owner}(staircase=False) could not find the number of steps per epoch: pass steps_per_epoch=...")
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.current_epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        epoch = self.current_epoch
+        if epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
+            return
+        if self.staircase and batch != 0:
+            return
+        new_lr = self.lr_at(epoch if self.staircase else epoch + batch / self.steps_per_epoch)
+        model = self._model
+        old_lr = float(_backend.read_variable(model, self._lr_variable))
+        _backend.set_variable(model, self._lr_variable, new_lr)
+        if self._momentum_variable is not None and old_lr and new_lr != old_lr:
+            momentum = float(_backend.read_variable(model, self._momentum_variable))
+            self._restore_momentum = momentum
+            _backend.set_variable(model, self._momentum_variable, momentum * new_lr / old_lr)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self._restore_momentum is not None:
+            _backend.set_variable(self._model, self._momentum_variable, self._restore_momentum)
+            self._restore_momentum = None
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is not None and self._lr_variable is not None:
+            logs["lr"] = float(_backend.read_variable(self._model, self._lr_variable))

@@ -189,12 +189,12 @@ def scenario_model_fit() -> None:
                                          gradient_predivide_factor=4.0, average_aggregated_gradients=True)
     net.compile(optimizer=optimizer, loss="mse", metrics=["mae"])
     local, averaged, rates = Logs(), Logs(), LearningRates()
-    callbacks = [
-        hvd.BroadcastGlobalVariablesCallback(0),
+    callbacks = [  # under Horovod-Keras's names
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         local,
-        hvd.MetricAverageCallback(),
+        hvd.callbacks.MetricAverageCallback(),
         averaged,
-        hvd.LearningRateWarmupCallback(initial_lr=m["lr"] * hvd.size(), warmup_epochs=m["warmup_epochs"], verbose=0),
+        hvd.callbacks.LearningRateWarmupCallback(initial_lr=m["lr"] * hvd.size(), warmup_epochs=m["warmup_epochs"], verbose=0),
         rates,
     ]
     net.fit(x[mine], y[mine], batch_size=m["batch_size"], epochs=m["epochs"], shuffle=False, validation_data=val,
