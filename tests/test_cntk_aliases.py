@@ -138,6 +138,9 @@ def test_cntk_docstring_examples():
     assert (m[0], m[999], m[1000], m[1001]) == (0.99, 0.99, 0.9, 0.9)
     assert C.learning_parameter_schedule(0.1, minibatch_size=32).for_minibatch(0, 0, 64) == 0.1 * 64 / 32
     assert C.momentum_schedule(0.9, minibatch_size=32).for_minibatch(0, 0, 64) == 0.9**2
+    # The last pair's count is 0 in CNTK's own example (it is never read).
+    m = C.momentum_schedule([(999, 0.99), (888, 0.88), (0, 0.77)])
+    assert (m[0], m[998], m[999], m[999 + 888 - 1], m[999 + 888]) == (0.99, 0.99, 0.88, 0.88, 0.77)
 
 
 @pytest.mark.parametrize(

@@ -115,6 +115,18 @@ def test_list_forms_equal_their_piecewise_constant():
     assert as_schedule([[2, 0.1], [1, 0.2]], epoch_size=5) == as_schedule([(2, 0.1), (1, 0.2)], epoch_size=5)
 
 
+def test_the_last_pair_may_have_a_count_of_zero_as_cntk_writes_it():
+    # CNTK's momentum_schedule docstring: [(999, 0.99), (888, 0.88), (0, 0.77)]; the last count is never read.
+    per_minibatch = as_schedule([(999, 0.99), (888, 0.88), (0, 0.77)])
+    assert [per_minibatch(0, m) for m in (0, 998, 999, 999 + 888 - 1, 999 + 888, 10**6)] == [
+        0.99, 0.99, 0.88, 0.88, 0.77, 0.77]
+    assert as_schedule([(2, 0.1), (0, 0.01)], epoch_size=100) == piecewise_constant([200], [0.1, 0.01])
+    with pytest.raises(ValueError, match=r"entry 0 is \(0, 0.1\)"):
+        as_schedule([(0, 0.1), (1, 0.2)], epoch_size=10)  # only the last count may be 0
+    with pytest.raises(ValueError, match=r"entry 1 is \(-1, 0.2\)"):
+        as_schedule([(1, 0.1), (-1, 0.2)], epoch_size=10)
+
+
 def test_scalar_schedule_and_callable_forms():
     s = ks.Schedule  # the base class is public
     existing = cosine_decay(1.0, 10)

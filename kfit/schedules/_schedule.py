@@ -370,7 +370,7 @@ def as_schedule(values: Any, epoch_size: int | None = None, *, name: str = "valu
     - a list `[v0, v1, ...]` with `epoch_size` (samples): `v_i` holds for `S` in
       `[i * epoch_size, (i + 1) * epoch_size)`, the last value forever;
     - a list of `(count, value)` pairs: `value` holds for `count` units of `epoch_size`, the last value
-      forever; pairs and plain values may not be mixed;
+      forever (its count is not read: CNTK writes `(0, value)` there); pairs and plain values may not be mixed;
     - with `epoch_size=None` a list counts minibatches instead (`per_minibatch=True`): entry `i` is the value
       for minibatch `i` (a pair's count is a number of minibatches);
     - any other callable `S -> value`: wrapped (its values are checked when read).
@@ -387,7 +387,8 @@ def as_schedule(values: Any, epoch_size: int | None = None, *, name: str = "valu
 
     Raises:
         ValueError: if a list is empty, a value is not finite, a pair is malformed or has a count that is
-            not a positive integer, pairs and values are mixed, or `epoch_size` is not a positive integer.
+            not a positive integer (0 is accepted in the last pair), pairs and values are mixed, or `epoch_size`
+            is not a positive integer.
         TypeError: if `values` is none of the forms above.
 
     Example:
@@ -435,10 +436,12 @@ def _from_list(entries: list | tuple, epoch_size: int | None, name: str) -> Piec
             if len(entry) != 2:
                 raise _invalid(name, "(count, value) pairs", entries, f"entry {i} is {entry!r}")
             count, value = entry
-            if not _is_int(count) or count <= 0:
+            # The last pair's count is never read (its value holds forever): CNTK writes 0 there.
+            last = i == len(entries) - 1
+            if not _is_int(count) or count < 0 or (count == 0 and not last):
                 raise _invalid(
                     name,
-                    "(count, value) pairs with a positive integer count",
+                    "(count, value) pairs with a positive integer count (0 only in the last pair)",
                     entries,
                     f"entry {i} is {entry!r}",
                 )
