@@ -7,6 +7,7 @@ CNTK                                                    kfit.schedules
 `learning_parameter_schedule(s, minibatch_size=B, e)`   `learning_rate_per_minibatch(s, e, reference_minibatch_size=B)`
 `learning_rate_schedule(s, UnitType.sample, e)`         `learning_rate_per_sample(s, e)`
 `learning_rate_schedule(s, UnitType.minibatch, e)`      `learning_rate_per_minibatch(s, e)`
+`training_parameter_schedule(s, unit, e)`               `learning_rate_schedule(s, unit, e)`, unit minibatch by default
 `momentum_as_time_constant_schedule(m, e)`              `momentum_as_time_constant(m, e)`
 `momentum_schedule_per_sample(m, e)`                    `momentum_per_sample(m, e)`
 `momentum_schedule(m, e, minibatch_size=B)`             `momentum_per_minibatch(m, e, reference_minibatch_size=B)`
@@ -52,6 +53,7 @@ __all__ = [
     "momentum_as_time_constant_schedule",
     "momentum_schedule",
     "momentum_schedule_per_sample",
+    "training_parameter_schedule",
 ]
 
 IGNORE = 0
@@ -149,6 +151,32 @@ def learning_rate_schedule(
     if unit is UnitType.sample:
         return learning_rate_per_sample(schedule, epoch_size)
     return learning_rate_per_minibatch(schedule, epoch_size)
+
+
+def training_parameter_schedule(
+    schedule: Any, unit: UnitType | str = UnitType.minibatch, epoch_size: int | None = None
+) -> HyperparameterSchedule:
+    """A learning rate per minibatch (the default) or per sample: CNTK's deprecated `training_parameter_schedule`.
+
+    The same as :func:`learning_rate_schedule`, with CNTK's default unit, `UnitType.minibatch`.
+
+    Args:
+        schedule: the rates, in any form `kfit.schedules.as_schedule` accepts.
+        unit: `UnitType.minibatch` (used as is) or `UnitType.sample` (per sample: `lr * B`).
+        epoch_size: samples per list entry, or None (a list is then per minibatch).
+
+    Returns:
+        `learning_rate_per_minibatch` or `learning_rate_per_sample` of `schedule`.
+
+    Raises:
+        ValueError: if `unit` is not a `UnitType`, a rate is negative or an argument is invalid.
+
+    Example:
+        >>> s = training_parameter_schedule([(12, 0.1), (15, 0.01), (1, 0.001)], epoch_size=100)
+        >>> s[0], s[1199], s[1200], s[2699], s[2700], s[5000]
+        (0.1, 0.1, 0.01, 0.01, 0.001, 0.001)
+    """
+    return learning_rate_schedule(schedule, unit, epoch_size)
 
 
 def momentum_as_time_constant_schedule(

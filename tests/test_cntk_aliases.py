@@ -125,6 +125,11 @@ def test_the_advanced_sample_minibatch_sizes():
         ),
         (lambda: C.momentum_schedule(0.9, minibatch_size=C.IGNORE), momentum_per_minibatch(0.9)),
         (lambda: C.minibatch_size_schedule([64, 128], 10), minibatch_size([64, 128], 10)),
+        (lambda: C.training_parameter_schedule(0.1), learning_rate_per_minibatch(0.1)),
+        (
+            lambda: C.training_parameter_schedule([0.1, 0.01], C.UnitType.sample, 100),
+            learning_rate_per_sample([0.1, 0.01], 100),
+        ),
     ],
 )
 def test_aliases_build_the_kfit_schedules(alias, native):
