@@ -571,6 +571,8 @@ def test_plain_model_fit_without_a_clock_saves_per_epoch(tmp_path):
     (dict(path="x", preserve_all="yes"), "`preserve_all`"),
     (dict(path="x", restore=1), "`restore`"),
     (dict(path="x", async_write=None), "`async_write`"),
+    # CNTK's CheckpointConfig(filename, frequency, restore, preserve_all) order, positional: named as such.
+    (dict(path="x", frequency=1000, epochs=False), r"epochs=False.*CNTK's `restore`.*restore=\.\.\. and preserve_all"),
 ])
 def test_invalid_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -191,6 +191,11 @@ class Checkpoint(KfitCallback):
         if os.path.isdir(path):
             raise ValueError(f"Invalid value for argument `path`: {path!r} is a directory; give a file name in it, e.g. {os.path.join(path, 'model.ckpt')!r}.")
         interval = None if frequency is None else Interval.parse(frequency)
+        if isinstance(epochs, bool):  # CNTK's CheckpointConfig(filename, frequency, restore, preserve_all), positional
+            raise ValueError(
+                f"Invalid value for argument `epochs`: expected a positive integer or None. Received: epochs={epochs!r}. "
+                "Checkpoint's third argument is `epochs`, not CNTK's `restore` (CheckpointConfig(filename, frequency, "
+                "restore, preserve_all)): give restore=... and preserve_all=... by keyword.")
         _checks.count("epochs", epochs, low=1, allow_none=True)
         if frequency is not None and epochs is not None:
             raise ValueError(f"Give a checkpoint frequency either in samples or in epochs, not both. Received: frequency={frequency!r}, epochs={epochs!r}")
