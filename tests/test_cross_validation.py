@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import keras
 import numpy as np
@@ -317,6 +318,8 @@ def test_numpy_bools_are_accepted():
         ({"frequency": -5}, ValueError, r"frequency=-5"),
         ({"frequency": 1.5}, ValueError, r"frequency=1.5"),
         ({"frequency": True}, ValueError, r"frequency=True"),
+        # CNTK's 'once at the end of training' would never be reached: refused, naming what to use.
+        ({"frequency": sys.maxsize}, ValueError, rf"frequency={sys.maxsize}.*sys.maxsize.*kfit.callbacks.Test"),
         ({"minibatch_size": 0}, ValueError, r"`minibatch_size`.*minibatch_size=0"),
         ({"minibatch_size": kfit.schedules.learning_rate_per_sample(0.1)}, ValueError, r"learning_rate schedule"),
         ({"max_samples": 0}, ValueError, r"`max_samples`.*max_samples=0"),

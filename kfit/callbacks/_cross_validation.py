@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -423,6 +424,13 @@ class CrossValidation(KfitCallback):
     ):
         super().__init__(name=name)
         owner = "CrossValidation"
+        if isinstance(frequency, int) and not isinstance(frequency, bool) and frequency >= sys.maxsize:
+            raise ValueError(
+                "Invalid value for argument `frequency`: expected a number of samples reached in training, an interval "
+                f"string such as '2ep', or None (every epoch end). Received: frequency={frequency!r}. CNTK's "
+                "sys.maxsize means 'once, at the end of training'; CrossValidation would never evaluate at it. For an "
+                "evaluation of the final model use kfit.callbacks.Test(data, minibatch_size) (its results are in the "
+                "History); to cross-validate after the last epoch, give frequency=f'{epochs}ep'.")
         self.data = EvaluationData(data, owner)
         #: When it evaluates: an :class:`kfit.interval.Interval` (None given: every epoch end, ``"1ep"``).
         self.interval = Interval(1, "ep") if frequency is None else Interval.parse(frequency)
