@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from reference_momentum_sgd import AdamReference, MomentumSGDReference
 
+import kfit.cntk
 from kfit.optimizers import Adam, MomentumSGD, hyperparameter_variable, minibatch_size_variable
 
 TRUE_KERNEL = np.array([[1.0], [-2.0], [0.5], [3.0]])
@@ -273,6 +274,24 @@ BAD_ARGUMENTS = [
     (Adam, {"beta_2": -0.5}, ValueError, r"`beta_2`.*beta_2=-0.5"),
     (Adam, {"epsilon": -1e-7}, ValueError, r"`epsilon`.*epsilon=-1e-07$"),
     (Adam, {"amsgrad": None}, TypeError, r"`amsgrad`.*amsgrad=None"),
+    # CNTK learner options: refused naming the value and what to write instead.
+    (MomentumSGD, {"l2_regularization_weight": 1e-4}, ValueError,
+     r"`l2_regularization_weight`.*=0.0001.*keras.regularizers.L2\(0.0001 / 2\)"),
+    (MomentumSGD, {"l1_regularization_weight": 1e-4}, ValueError, r"l1_regularization_weight=0.0001.*L1"),
+    (MomentumSGD, {"gradient_clipping_threshold_per_sample": 2.3}, ValueError,
+     r"gradient_clipping_threshold_per_sample=2.3.*clipvalue=2.3.*clipnorm=2.3"),
+    (MomentumSGD, {"gradient_clipping_with_truncation": False}, ValueError, r"with_truncation=False.*clipnorm"),
+    (MomentumSGD, {"gaussian_noise_injection_std_dev": 0.1}, ValueError, r"std_dev=0.1.*leave it out"),
+    (MomentumSGD, {"use_mean_gradient": True}, ValueError, r"use_mean_gradient=True.*mean"),
+    (Adam, {"variance_momentum": 0.9999}, ValueError, r"variance_momentum=0.9999.*beta_2 = m_s \*\* B"),
+    (Adam, {"momentum": 0.9}, ValueError, r"`momentum`.*momentum=0.9.*beta_1.*MomentumSchedule"),
+    (Adam, {"adamax": True}, ValueError, r"adamax=True.*keras.optimizers.Adamax"),
+    # A schedule given where CNTK's learners take one: a callback applies it.
+    (MomentumSGD, {"learning_rate": kfit.cntk.learning_parameter_schedule_per_sample(0.001)}, ValueError,
+     r"`learning_rate`.*kfit.callbacks.LearningRateSchedule\(schedule\)"),
+    (MomentumSGD, {"momentum": kfit.cntk.momentum_as_time_constant_schedule(1024)}, ValueError,
+     r"`momentum`.*kfit.callbacks.MomentumSchedule\(schedule\)"),
+    (Adam, {"beta_1": kfit.cntk.momentum_schedule(0.9)}, ValueError, r"`beta_1`.*MomentumSchedule"),
 ]
 
 

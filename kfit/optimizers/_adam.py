@@ -3,7 +3,13 @@
 import keras
 from keras import ops
 
-from ._hyperparameters import add_hyperparameter_variable, check_bool, check_real
+from ._hyperparameters import (
+    add_hyperparameter_variable,
+    check_bool,
+    check_real,
+    refuse_cntk_options,
+    refuse_schedule,
+)
 
 
 @keras.saving.register_keras_serializable(package="kfit")
@@ -38,7 +44,10 @@ class Adam(keras.optimizers.Optimizer):
             ``ema_overwrite_frequency``, ``loss_scale_factor``, ``gradient_accumulation_steps``).
 
     Raises:
-        ValueError: If ``beta_1`` or ``beta_2`` is outside ``[0, 1)`` or ``epsilon`` is negative.
+        ValueError: If ``beta_1`` or ``beta_2`` is outside ``[0, 1)`` or ``epsilon`` is negative; if a rate or
+            ``beta_1`` is a schedule (a callback applies it: the message says which), or a CNTK learner option is
+            given (``momentum``, ``variance_momentum``, ``l2_regularization_weight``, ...: the message says what to
+            write instead).
         TypeError: If ``amsgrad`` is not a bool or a number is not a number.
 
     Example:
@@ -71,6 +80,12 @@ class Adam(keras.optimizers.Optimizer):
         name=None,
         **kwargs,
     ):
+        refuse_cntk_options("Adam", kwargs, {"momentum": lambda m: (
+            "CNTK's adam momentum is beta_1 here (per minibatch): give beta_1, or apply a momentum schedule "
+            "(momentum_as_time_constant, ...) with callbacks=[kfit.callbacks.MomentumSchedule(schedule)], which sets "
+            "beta_1.")})
+        refuse_schedule("Adam", "learning_rate", learning_rate, "LearningRateSchedule")
+        refuse_schedule("Adam", "beta_1", beta_1, "MomentumSchedule")
         beta_1 = check_real("beta_1", beta_1, low=0.0, high=1.0, high_inclusive=False)
         beta_2 = check_real("beta_2", beta_2, low=0.0, high=1.0, high_inclusive=False)
         epsilon = check_real("epsilon", epsilon, low=0.0, high=float("inf"), high_inclusive=False)

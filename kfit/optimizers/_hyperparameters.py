@@ -17,6 +17,55 @@ from kfit import _checks
 HYPERPARAMETERS = ("learning_rate", "momentum", "beta_1", "minibatch_size")
 """The hyperparameters that kfit's schedules know how to set."""
 
+# CNTK learner options (momentum_sgd, adam, ...) that kfit's optimizers do not take, and what to write instead:
+# each is a function of the value received. CNTK's gradient is the sum over the minibatch (B samples), Keras's the
+# mean: a per-sample threshold or weight on the sum is the same number on the mean.
+_CNTK_OPTIONS = {
+    "l2_regularization_weight": lambda w: (
+        f"CNTK adds {w} * W per sample to the summed gradient, that is {w} * W to Keras's mean gradient: give the layers "
+        f"kernel_regularizer=keras.regularizers.L2({w} / 2) (and bias_regularizer), or use weight_decay (decoupled)."),
+    "l1_regularization_weight": lambda w: (
+        "CNTK applies L1 as a proximal step after the update, which kfit does not; the nearest is "
+        f"kernel_regularizer=keras.regularizers.L1({w}) on the layers."),
+    "gradient_clipping_threshold_per_sample": lambda t: (
+        f"CNTK clips the summed gradient at {t} * B, that is Keras's mean gradient at {t}: give clipvalue={t} (CNTK's "
+        f"default gradient_clipping_with_truncation=True) or clipnorm={t} (gradient_clipping_with_truncation=False)."),
+    "gradient_clipping_with_truncation": lambda v: (
+        "Clip with clipvalue=t (truncation) or clipnorm=t (norm) instead, t being CNTK's "
+        "gradient_clipping_threshold_per_sample."),
+    "gaussian_noise_injection_std_dev": lambda v: "kfit does not add noise to the weights; leave it out.",
+    "use_mean_gradient": lambda v: (
+        "Keras's gradient is always the mean over the minibatch, and kfit's schedules carry the rate's unit "
+        "(kfit.cntk.learning_parameter_schedule for a rate on the mean, learning_parameter_schedule_per_sample for a "
+        "rate per sample): leave it out."),
+    "variance_momentum": lambda m: (
+        "Give beta_2, the variance momentum per minibatch: a per-sample value m_s (CNTK's default "
+        "momentum_schedule_per_sample(0.9999986111120757)) is beta_2 = m_s ** B for minibatches of B samples."),
+    "adamax": lambda v: "Use keras.optimizers.Adamax.",
+}
+
+
+def refuse_cntk_options(owner: str, given: dict, extra: dict | None = None) -> None:
+    """Refuses CNTK learner options (``momentum_sgd(..., l2_regularization_weight=...)``) that ``owner`` does not
+    take, naming the value and what to write instead; other unknown keywords are left to Keras."""
+    options = {**_CNTK_OPTIONS, **(extra or {})}
+    for name, value in given.items():
+        if name in options:
+            raise ValueError(f"{owner} has no argument `{name}` (a CNTK learner option). Received: {name}={value!r}. "
+                             + options[name](value))
+
+
+def refuse_schedule(owner: str, name: str, value: object, callback: str) -> None:
+    """Refuses a kfit (or CNTK-style) schedule given to an optimizer as a hyperparameter: a callback applies it."""
+    from kfit.schedules import HyperparameterSchedule, Schedule
+
+    if isinstance(value, (HyperparameterSchedule, Schedule)):
+        raise ValueError(
+            f"Invalid value for argument `{name}`: expected a number. Received: {name}={value!r}. {owner} takes the "
+            f"initial value; a schedule (as CNTK's learners take) is applied by a callback: give "
+            f"callbacks=[kfit.callbacks.{callback}(schedule)] to kfit.fit or model.fit.")
+
+
 # Which kfit optimizer keeps each hyperparameter in a variable, for the error messages.
 _KFIT_OPTIMIZER_FOR = {
     "momentum": "kfit.optimizers.MomentumSGD",

@@ -3,7 +3,13 @@
 import keras
 from keras import ops
 
-from ._hyperparameters import add_hyperparameter_variable, check_bool, check_real
+from ._hyperparameters import (
+    add_hyperparameter_variable,
+    check_bool,
+    check_real,
+    refuse_cntk_options,
+    refuse_schedule,
+)
 
 _VARIANTS = ("cntk", "keras")
 
@@ -57,7 +63,9 @@ class MomentumSGD(keras.optimizers.Optimizer):
 
     Raises:
         ValueError: If ``momentum`` is outside ``[0, 1)``, ``minibatch_size`` is not positive, or
-            ``variant`` is unknown.
+            ``variant`` is unknown; if a rate or momentum is a schedule (a callback applies it: the message
+            says which), or a CNTK learner option is given (``l2_regularization_weight``,
+            ``gradient_clipping_threshold_per_sample``, ...: the message says what to write instead).
         TypeError: If ``nesterov`` or ``unit_gain`` is not a bool, ``variant`` is not a string, or a
             number is not a number.
 
@@ -92,6 +100,9 @@ class MomentumSGD(keras.optimizers.Optimizer):
         name=None,
         **kwargs,
     ):
+        refuse_cntk_options("MomentumSGD", kwargs)
+        refuse_schedule("MomentumSGD", "learning_rate", learning_rate, "LearningRateSchedule")
+        refuse_schedule("MomentumSGD", "momentum", momentum, "MomentumSchedule")
         momentum = check_real("momentum", momentum, low=0.0, high=1.0, high_inclusive=False)
         minibatch_size = check_real(
             "minibatch_size",
