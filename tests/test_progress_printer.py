@@ -366,6 +366,20 @@ def test_invalid_arguments_are_named(kwargs, name):
         ProgressPrinter(**kwargs)
 
 
+def test_cntk_options_are_accepted_or_refused_saying_what_to_do():
+    # CNTK's tutorials write ProgressPrinter(tag='Training', num_epochs=N): num_epochs is metadata, kept.
+    assert ProgressPrinter(tag="Training", num_epochs=5, rank=None, gen_heartbeat=False).num_epochs == 5
+    for kwargs, match in [
+        ({"rank": 0}, r"`rank`.*rank=0.*rank 0 only.*leave rank out"),
+        ({"gen_heartbeat": True}, r"gen_heartbeat=True.*leave gen_heartbeat out"),
+        ({"test_freq": 10}, r"test_freq=10.*Finished Evaluation"),
+        ({"distributed_freq": 5}, r"distributed_freq=5"),
+        ({"num_epochs": 0}, r"`num_epochs`.*num_epochs=0"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            ProgressPrinter(50, **kwargs)
+
+
 def test_every_value_is_labelled_with_its_keras_name(tmp_path):
     """Two metrics and a validation set: the loss and every metric appear, each under Keras's name."""
     x, y = data()

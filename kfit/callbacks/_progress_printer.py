@@ -52,6 +52,27 @@ def hyperparameter_line(name: str, value: float, scheduled: float, unit: str) ->
     return f"{name}: {value}"
 
 
+# CNTK ProgressPrinter options with no counterpart, each with its default and what to do instead.
+_CNTK_ONLY = {
+    "rank": (None, "kfit's ProgressPrinter prints on rank 0 only, with the counts of all workers (CNTK wrote one "
+                   "log per rank): leave rank out."),
+    "gen_heartbeat": (False, "kfit prints no heartbeat lines: leave gen_heartbeat out."),
+    "test_freq": (None, "kfit prints one line per evaluation ('Finished Evaluation', 'Finished Test'), none per "
+                        "evaluation minibatch: leave test_freq out."),
+    "test_first": (0, "kfit prints one line per evaluation, none per evaluation minibatch: leave test_first out."),
+    "distributed_freq": (None, "kfit has no worker synchronization lines: leave distributed_freq out."),
+    "distributed_first": (0, "kfit has no worker synchronization lines: leave distributed_first out."),
+}
+
+
+def _refuse_cntk_options(**given: Any) -> None:
+    for name, value in given.items():
+        default, fix = _CNTK_ONLY[name]
+        if value is not default and value != default:
+            raise ValueError(f"Invalid value for argument `{name}`: expected {default!r} (CNTK's option has no "
+                             f"counterpart in kfit). Received: {name}={value!r}. {fix}")
+
+
 class ProgressPrinter(KfitCallback):
     """Prints CNTK's progress lines to stderr or to a file.
 
@@ -94,6 +115,9 @@ class ProgressPrinter(KfitCallback):
             of stderr. "Redirecting log to file PATH" is printed to stderr once.
         metric_is_pct: show an accuracy metric as CNTK's error percentage.
         name: the key of this callback's state in checkpoints.
+        num_epochs: CNTK's metadata, accepted and kept as :attr:`num_epochs` (no line shows it).
+        rank, gen_heartbeat, test_freq, test_first, distributed_freq, distributed_first: CNTK's options with no
+            counterpart: accepted at their CNTK defaults only; any other value is refused, saying what to do.
 
     Raises:
         ValueError: if ``freq`` is not a count, an Interval or its string, if ``first`` is negative or not an
@@ -119,8 +143,20 @@ class ProgressPrinter(KfitCallback):
         log_to_file: str | os.PathLike | None = None,
         metric_is_pct: bool = True,
         name: str | None = None,
+        *,
+        num_epochs: int | None = None,
+        rank: int | None = None,
+        gen_heartbeat: bool = False,
+        test_freq: int | None = None,
+        test_first: int = 0,
+        distributed_freq: int | None = None,
+        distributed_first: int = 0,
     ):
         super().__init__(name=name)
+        _refuse_cntk_options(rank=rank, gen_heartbeat=gen_heartbeat, test_freq=test_freq, test_first=test_first,
+                             distributed_freq=distributed_freq, distributed_first=distributed_first)
+        #: CNTK's metadata (the number of epochs to train), accepted and kept; it changes no line.
+        self.num_epochs = _checks.count("num_epochs", num_epochs, low=1, allow_none=True)
         if isinstance(freq, (str, Interval)):
             freq = Interval.parse(freq, name="freq", default_unit="mb")  # on the clock
         else:
