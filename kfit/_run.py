@@ -126,6 +126,10 @@ class Run:
     #: kfit itself set ``model.stop_training`` at ``max_samples`` (on a source that batches by itself), no callback
     #: before it (see ``kfit.checkpoint._run_status.status``).
     stopped_at_bound: bool = False
+    #: Data-parallel :func:`kfit.fit`: the workers agree after every step and at every epoch end whether to stop
+    #: and whether a worker was preempted (``kfit.training._fit._AgreedStop``); a callback that stops the process
+    #: on SIGTERM acts when they have agreed, not alone.
+    agreed_stops: bool = False
 
     @property
     def kfit_fit(self) -> bool:

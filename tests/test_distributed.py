@@ -229,6 +229,29 @@ def test_kill_and_resume_ends_bit_identical_to_an_uninterrupted_run(jobs):
             np.testing.assert_array_equal(a0[key], a1[key], err_msg=key)
 
 
+@pytest.mark.horovod
+def test_sigterm_on_one_worker_saves_that_step_stops_every_worker_and_resumes_exactly(jobs):
+    # Checkpoint(save_on_preemption=True); SIGTERM reaches rank 1 alone (one node of a job preempted) after the step
+    # that ends at sample 100, mid-epoch; only rank 0 writes checkpoints.
+    (a0, i0), (a1, i1) = _results(jobs, "preempt")
+    at, path = common.PREEMPT["at"], str(jobs["out"] / "preempt" / "model.ckpt")
+    # Every worker stopped there and ended as SIGTERM ends a process (the scenario's handler raises instead).
+    assert i0["preempted"] and i1["preempted"]
+    # Rank 0, which the signal never reached, had written that step's state, as a run still under way.
+    assert i0["saved"] == {"samples": at, "status": "running"}
+    # Said once, by the writer, once written.
+    assert i0["stderr"] == (f"kfit: saved the checkpoint {path!r} at sample {at}; stopping every worker (SIGTERM "
+                            "reached 1 of 2 workers).\n")
+    assert i1["stderr"] == ""
+    # The rerun resumes there and ends bit-identical to the run that was never stopped.
+    end = common.PREEMPT["epochs"] * common.PREEMPT["num_samples"]
+    assert i0["samples"] == i1["samples"] == [end, end]
+    for key in a0:
+        if key.startswith("resumed_"):
+            np.testing.assert_array_equal(a0[key], a0["fresh_" + key[len("resumed_"):]], err_msg=key)
+            np.testing.assert_array_equal(a0[key], a1[key], err_msg=key)
+
+
 # -- elastic mode ---------------------------------------------------------------------------------------
 @pytest.mark.horovod
 def test_elastic_mode_goes_on_after_losing_a_worker_and_takes_a_new_one(tmp_path):

@@ -125,7 +125,9 @@ class Checkpoint(KfitCallback):
     file is left. During training, Ctrl-C (SIGINT) and SIGTERM first let a write in flight finish; with
     ``save_on_preemption`` a SIGTERM (how SLURM and Kubernetes preempt a job) saves the state at the end of
     the step being trained (at the epoch's end when that step ends an epoch), then ends the process as
-    SIGTERM would have, so that a preempted run resumes bit-identically and loses no work. Signal handlers
+    SIGTERM would have, so that a preempted run resumes bit-identically and loses no work. Under data-parallel
+    ``kfit.fit`` a SIGTERM that reaches any worker is agreed on at the next step boundary (with the stops the
+    workers agree on there): rank 0 saves, prints one line, and every worker ends as SIGTERM would. Signal handlers
     are installed when training begins (in the main thread only) and the previous ones put back when it ends;
     a signal the process ignores stays ignored, and a handler of the program's own is called in its turn: if
     it lets training go on, the run keeps its path and its guard. One writer per path: the callback holds ``path + ".lock"`` from the start of training to its end, and
@@ -150,7 +152,8 @@ class Checkpoint(KfitCallback):
         async_write: write files on a background thread (training stalls only for the copy to host memory).
         resume_finished: continue a run that a callback stopped (early stopping, cross-validation), instead
             of restoring its final state and training nothing.
-        save_on_preemption: on SIGTERM, save at the next step boundary, then end the process.
+        save_on_preemption: on SIGTERM, save at the next step boundary, then end the process (data-parallel:
+            a SIGTERM on any worker saves and ends every worker).
         on_write_error: ``"raise"`` (a failed write stops training with its error) or ``"warn"`` (warn and
             go on training; :attr:`failed_writes` counts them).
         name: the callback's name.
@@ -238,8 +241,10 @@ class Checkpoint(KfitCallback):
         self._guard = _signals.SignalGuard(self._on_signal)
         self._training = False
         self._training_thread: int | None = None  # the thread whose fit this callback saves
-        self._preempted: int | None = None
+        self._preempted: int | None = None  # the SIGTERM this worker received, until it is acted on
         self._preempt_at_epoch_end = False
+        self._stopping = False  # saving for a preemption: a SIGTERM now waits for the save
+        self._preempted_workers = 1  # data-parallel: how many workers the SIGTERM reached (agreed)
         self._lost_ctrl_c = False
         self._buffers: dict = {}
         self._pending = False
@@ -272,6 +277,8 @@ class Checkpoint(KfitCallback):
         self.failed_writes = 0
         self._preempted = None
         self._preempt_at_epoch_end = False
+        self._stopping = False
+        self._preempted_workers = 1
         self._lost_ctrl_c = False
         if self.interval is not None:
             self.clock  # noqa: B018  (a step frequency needs the clock: raises a clear error without one)
@@ -325,12 +332,35 @@ class Checkpoint(KfitCallback):
         self._steps_unsaved += 1
         if self.training_run.clock is not None:
             self._dispatch_step_end(batch, logs)  # KfitCallback's batch-end hook: counts the step, on_step_end
-        if self._preempted is not None and not self._preempt_at_epoch_end:
-            clock = self.training_run.clock
-            if clock is not None and clock.epoch_size and clock.samples_in_epoch == 0:
-                self._preempt_at_epoch_end = True  # save after the epoch's end (history, validation)
-            else:
-                self._stop_for_preemption()
+        if self._preempted is not None and not self.training_run.agreed_stops:
+            self._preempt_after_step()  # (data-parallel: once the workers agree, see _preemption_agreed)
+
+    def _preempt_after_step(self) -> None:
+        """A preemption to act on at this step's end: save and stop now, or after the epoch's end when the step
+        ends an epoch (history, validation)."""
+        if self._preempt_at_epoch_end:
+            return
+        clock = self.training_run.clock
+        if clock is not None and clock.epoch_size and clock.samples_in_epoch == 0:
+            self._preempt_at_epoch_end = True
+        else:
+            self._stop_for_preemption()
+
+    def _preemption_requested(self) -> bool:
+        """This worker received a SIGTERM to save and stop for (asked by the workers' agreement after each step)."""
+        return self._preempted is not None
+
+    def _preemption_agreed(self, workers: int, epoch: int | None = None, logs: dict | None = None) -> None:
+        """Data-parallel runs: the workers agreed, at a step's end (or at the end of ``epoch``), that SIGTERM reached
+        ``workers`` of them. Every worker saves (rank 0 writes) and ends, also those the signal did not reach: a
+        preempted worker leaves, and the others cannot train on without it."""
+        if not self.save_on_preemption or not self._holds_run():
+            return
+        self._preempted_workers = workers
+        if epoch is None:
+            self._preempt_after_step()
+        elif not self._stopping:
+            self._stop_for_preemption(epoch, logs)
 
     def on_step_end(self, clock: Clock, logs: dict | None) -> None:
         if self._training_ends(clock) and clock.samples_in_epoch:
@@ -358,7 +388,9 @@ class Checkpoint(KfitCallback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._raise_swallowed_interrupt()
         self._epochs_done = epoch + 1
-        preempted = self._preempted is not None
+        if self._preempted is not None and not self.training_run.agreed_stops:
+            self._preempt_at_epoch_end = True  # (one worker: also a SIGTERM during the epoch's end, validation)
+        preempted = self._preempt_at_epoch_end
         if self._stopped_step is not None:
             self._save_stopped_step(epoch, logs)  # the epoch that training stopped in ends
         elif self._pending or preempted or (self.epochs is not None and (epoch + 1) % self.epochs == 0):
@@ -451,12 +483,15 @@ class Checkpoint(KfitCallback):
     # -- signals ---------------------------------------------------------------------------------
     def _on_signal(self, signum: int) -> bool:
         """In the main thread, on SIGINT or SIGTERM during training. True: handled at the next step boundary."""
+        if signum == signal.SIGTERM and self._stopping:
+            return True  # saving for a preemption, after which the process ends as SIGTERM ends it
         if not self._holds_run():
             return False
         if signum == signal.SIGTERM and self.save_on_preemption and self._preempted is None:
             self._preempted = signum
-            print(f"kfit: SIGTERM received: saving the checkpoint {self.path!r} at the end of this step, then "
-                  "stopping.", file=sys.stderr, flush=True)
+            if self._chief() and not self.training_run.agreed_stops:  # (data-parallel: rank 0 says it, once saved)
+                print(f"kfit: SIGTERM received: saving the checkpoint {self.path!r} at the end of this step, then "
+                      "stopping.", file=sys.stderr, flush=True)
             return True
         if self._guard.goes_to_program(signum):
             # The program's own handler decides whether training stops: the run keeps its path (and this guard)
@@ -498,20 +533,53 @@ class Checkpoint(KfitCallback):
             raise KeyboardInterrupt("Ctrl-C during training (raised again at the next step boundary: the first "
                                     "KeyboardInterrupt was lost inside compiled code)")
 
-    def _stop_for_preemption(self) -> None:
-        """At a step (or epoch) boundary after SIGTERM: save this state, then end the process as SIGTERM would."""
+    def _stop_for_preemption(self, epoch: int | None = None, logs: dict | None = None) -> None:
+        """At a step (or epoch) boundary after SIGTERM: save this state, then end the process as SIGTERM would.
+
+        Data-parallel: every worker comes here at the same boundary (agreed); rank 0 writes, and no worker ends
+        before the write is done (one more collective), so that the launcher, seeing one worker end, cannot stop
+        rank 0 in the middle of it."""
         signum, self._preempted = self._preempted, None
+        self._preempt_at_epoch_end = False
+        self._stopping = True
+        failed_before = self.failed_writes
+        failure: BaseException | None = None
         try:
             if self._steps_unsaved:
-                self._save()
+                self._save(epoch, logs)
             self._wait_writer()
+        except BaseException as error:  # raised once the other workers know (they must not wait for this one)
+            failure = error
         finally:
             self._training = False
             self._lock.release()
-        print(f"kfit: saved the checkpoint {self.path!r} at sample {self._samples()}; stopping (SIGTERM).",
-              file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        self._guard.deliver(signum)
+        try:
+            saved = failure is None and self.failed_writes == failed_before
+            if self._chief():
+                if saved:
+                    print(f"kfit: saved the checkpoint {self.path!r} at sample {self._samples()}; "
+                          f"{self._stopping_what()}.", file=sys.stderr, flush=True)
+                elif failure is None:  # on_write_error="warn": the warning says why
+                    print(f"kfit: could not save the checkpoint {self.path!r} at sample {self._samples()} (see the "
+                          f"warning above; the previous checkpoint stays the newest); {self._stopping_what()}.",
+                          file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            if self.training_run.agreed_stops:
+                from kfit import distributed
+
+                distributed.any_true(failure is not None)  # every worker waits here for rank 0's write
+            if failure is not None:
+                raise failure
+        finally:
+            self._stopping = False
+        self._guard.deliver(signum if signum is not None else signal.SIGTERM)
+
+    def _stopping_what(self) -> str:
+        if not self.training_run.agreed_stops:
+            return "stopping (SIGTERM)"
+        from kfit import distributed
+
+        return f"stopping every worker (SIGTERM reached {self._preempted_workers} of {distributed.size()} workers)"
 
     def _samples(self) -> int | None:
         clock = self.training_run.clock

@@ -13,10 +13,16 @@ from kfit.distributed import _select
 
 def any_true(flag: bool) -> bool:
     """True on every worker when ``flag`` is True on any worker: one allreduce of one integer."""
+    return count_true([flag])[0] > 0
+
+
+def count_true(flags: list[bool]) -> list[int]:
+    """On how many workers each of ``flags`` is True (the same list on every worker): one allreduce of
+    ``len(flags)`` integers, whatever their number."""
     engine = _select.current()
     engine.before_host_collective()
-    (total,) = engine.host_sum([np.array([1 if flag else 0], dtype=np.int32)], "kfit.any_true")
-    return bool(total[0] > 0)
+    (total,) = engine.host_sum([np.array([1 if flag else 0 for flag in flags], dtype=np.int32)], "kfit.any_true")
+    return [int(count) for count in total]
 
 
 def _state_variables(model: Any) -> list:

@@ -487,19 +487,35 @@ class _StopAtSamples(_CountStep):
 
 class _AgreedStop(keras.callbacks.Callback):
     """Data-parallel runs: a stop decided on any worker ends training on every worker after the same
-    step (none is left waiting in an allreduce alone); epoch metrics averaged over the workers."""
+    step (none is left waiting in an allreduce alone), and so does a preemption (SIGTERM) that reached any
+    worker: the same allreduce carries both, after every step and at every epoch end.
+
+    A preemption agreed on is carried out by the run's callbacks that save on preemption (``Checkpoint(
+    save_on_preemption=True)``: rank 0 writes the state, then every worker ends as SIGTERM would)."""
 
     order = 2000  # after every callback that may stop training
 
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        from kfit import distributed
+    def __init__(self, callbacks: list):
+        super().__init__()
+        self._preemptible = [c for c in callbacks if hasattr(c, "_preemption_agreed")]
 
-        self.model.stop_training = distributed.any_true(self.model.stop_training)
+    def _agree(self, epoch: int | None = None, logs: dict | None = None) -> None:
+        from kfit.distributed import _state
+
+        requested = any(c._preemption_requested() for c in self._preemptible)
+        stops, preempted = _state.count_true([bool(self.model.stop_training), requested])
+        self.model.stop_training = stops > 0
+        if preempted:
+            for callback in self._preemptible:
+                callback._preemption_agreed(preempted, epoch, logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._agree()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         # A stop decided as an epoch ends (a callback's on_epoch_end, a cross-validation at "1ep"), which Keras
-        # reads before the next epoch's first step.
-        self.on_train_batch_end(-1)
+        # reads before the next epoch's first step; a SIGTERM that came during the epoch's end (validation).
+        self._agree(epoch, logs)
 
 
 class _AverageMetrics(keras.callbacks.Callback):
@@ -754,7 +770,8 @@ class _StreamFit:
             if self.source is not None and self.max_samples is not None:
                 extra.append(_StopAtSamples(self.run))
             if self.distributed:
-                extra += [_AgreedStop(), _AverageMetrics()]
+                extra += [_AgreedStop(self.callbacks), _AverageMetrics()]
+                self.run.agreed_stops = True
             callbacks = ordered_callbacks(self.callbacks + extra) + [self.history]
             users_bar = any(isinstance(c, keras.callbacks.ProgbarLogger) for c in self.callbacks)
             if self.verbose != 0 and self.source is None and not users_bar:  # Keras adds none next to a user's own

@@ -36,6 +36,9 @@ FIT = dict(num_samples=100, epoch_size=120, max_samples=300, sizes=[15, 22], siz
 MODEL_FIT = dict(per_worker=32, batch_size=8, epochs=3, lr=0.05, warmup_epochs=2, val_sizes=(20, 12))
 # Scenario "resume": kfit.fit with checkpoints every 40 samples; the killed job dies after step KILL_STEP.
 RESUME = dict(num_samples=120, minibatch_size=10, max_samples=200, frequency=40, kill_step=6, seed=5, lr=0.05, momentum=0.9)
+# Scenario "preempt": kfit.fit for 3 epochs of 60 samples, a checkpoint at each epoch end and on preemption; SIGTERM
+# reaches rank 1 alone after the step that ends at sample AT (in the second epoch, between the epoch-end checkpoints).
+PREEMPT = dict(num_samples=60, minibatch_size=10, epochs=3, at=100, seed=9)
 
 
 def data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -11,12 +11,17 @@ Each worker writes ``OUT_DIR/<scenario>.rank<r>.{npz,json}``; the test checks th
   averaging weighted by samples, learning-rate warm-up).
 * ``resume``: kfit.fit resumed from the checkpoint of the job that killed.py killed, and the same run
   uninterrupted.
+* ``preempt``: ``Checkpoint(save_on_preemption=True)``, SIGTERM reaching rank 1 alone; the run resumed from the
+  checkpoint, and the same run uninterrupted.
 * ``example``: ``examples/horovod_mnist.py --small``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import signal
 import sys
 import threading
 
@@ -234,6 +239,58 @@ def scenario_resume() -> None:
     common.save(out("resume"), arrays, info)
 
 
+# -- preempt -----------------------------------------------------------------------------------------
+class Preempted(Exception):
+    """Raised by this scenario's SIGTERM handler, where SIGTERM's default would end the worker: the job goes on to
+    resume the run (the Checkpoint passes SIGTERM on to the program's handler after saving)."""
+
+
+def raise_preempted(signum, frame):
+    raise Preempted()
+
+
+class SigtermOnRankOne(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if RANK == 1 and kfit.get_clock(self.model).samples == common.PREEMPT["at"]:
+            os.kill(os.getpid(), signal.SIGTERM)  # one node of a multi-node job preempted
+
+
+def run_preempt(path: str, callbacks: list) -> keras.Model:
+    p = common.PREEMPT
+    x, y = common.data(p["num_samples"], seed=12)
+    net = common.resume_model()
+    checkpoint = kfit.callbacks.Checkpoint(path, epochs=1, save_on_preemption=True, async_write=False)
+    kfit.fit(net, x, y, minibatch_size=p["minibatch_size"], epochs=p["epochs"], seed=p["seed"], verbose=0,
+             callbacks=[*callbacks, checkpoint])
+    return net
+
+
+def scenario_preempt() -> None:
+    path = os.path.join(OUT, "preempt", "model.ckpt")
+    info: dict = {"preempted": False}
+    printed = io.StringIO()
+    previous = signal.signal(signal.SIGTERM, raise_preempted)
+    try:
+        with contextlib.redirect_stderr(printed):
+            run_preempt(path, [SigtermOnRankOne()])
+    except Preempted:
+        info["preempted"] = True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    info["stderr"] = printed.getvalue()
+    if RANK == 0:  # the file rank 0 wrote, before anything else touches it
+        saved = kfit.checkpoint.read_checkpoint_info(path)
+        info["saved"] = {"samples": saved.samples, "status": saved.status}
+    resumed = run_preempt(path, [])
+    fresh = run_preempt(os.path.join(OUT, "preempt_fresh", "model.ckpt"), [])
+    arrays = {f"resumed_w{i}": w for i, w in enumerate(common.weights(resumed))}
+    arrays.update({f"resumed_{k}": v for k, v in optimizer_arrays(resumed).items()})
+    arrays.update({f"fresh_w{i}": w for i, w in enumerate(common.weights(fresh))})
+    arrays.update({f"fresh_{k}": v for k, v in optimizer_arrays(fresh).items()})
+    info["samples"] = [kfit.get_clock(resumed).samples, kfit.get_clock(fresh).samples]
+    common.save(out("preempt"), arrays, info)
+
+
 # -- example -----------------------------------------------------------------------------------------
 def scenario_example() -> None:
     """examples/horovod_mnist.py --small, in this job (its imports are done): what CI runs of the example."""
@@ -255,6 +312,6 @@ def scenario_example() -> None:
     common.save(out("example"), {}, {"stdout": printed.getvalue()})
 
 
-for scenario in sys.argv[2:] or ["fit", "stop", "model_fit", "resume", "example"]:
+for scenario in sys.argv[2:] or ["fit", "stop", "model_fit", "resume", "preempt", "example"]:
     globals()[f"scenario_{scenario}"]()
 print(f"rank {RANK}: done", flush=True)
