@@ -252,6 +252,19 @@ def test_sigterm_on_one_worker_saves_that_step_stops_every_worker_and_resumes_ex
             np.testing.assert_array_equal(a0[key], a1[key], err_msg=key)
 
 
+@pytest.mark.horovod
+def test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs):
+    # ReduceLROnPlateau and EarlyStopping (verbose=1) decide the same on both workers (averaged logs) at the second
+    # epoch's end: the job's combined output has each line once.
+    (_, i0), (_, i1) = _results(jobs, "verbose")
+    assert i0["samples"] == i1["samples"] == 80
+    lines = (i0["stdout"] + i1["stdout"]).splitlines()
+    assert len(lines) == 3, lines
+    assert [line.split(": ")[1] for line in lines] == ["ReduceLROnPlateau", "EarlyStopping", "EarlyStopping"]
+    assert "learning rate 0.05 -> 0.025" in lines[0] and "stopping" in lines[1] and "restored the weights" in lines[2]
+    assert i0["stderr"] == i1["stderr"] == ""
+
+
 # -- elastic mode ---------------------------------------------------------------------------------------
 @pytest.mark.horovod
 def test_elastic_mode_goes_on_after_losing_a_worker_and_takes_a_new_one(tmp_path):

@@ -8,7 +8,7 @@ The native tests launch real workers on loopback, with the backend of this pytes
 * ``engine_scripts/scenarios.py`` under ``python -m torch.distributed.run --standalone --nproc_per_node 2``:
   the engine's own collectives, then the Horovod scenarios unchanged (data-parallel ``kfit.fit``, stops,
   plain ``model.fit`` with Horovod's API, resuming the killed run on two workers, SIGTERM on one worker with
-  ``save_on_preemption``, the Horovod example);
+  ``save_on_preemption``, what ``verbose=1`` prints, the Horovod example);
 * ``engine_scripts/uneven.py`` under torchrun: global minibatches that do not divide between the two workers
   (padded to one shape on JAX), and on JAX the compiled step's HLO (an all-reduce, no host callback);
 * ``engine_scripts/resume.py``: the killed run's checkpoint (written by two workers) resumed by one worker, and
@@ -303,6 +303,11 @@ def test_kill_and_resume_on_two_workers_ends_bit_identical_to_an_uninterrupted_r
 @native_only
 def test_sigterm_on_one_worker_saves_that_step_stops_every_worker_and_resumes_exactly(jobs):
     horovod_checks.test_sigterm_on_one_worker_saves_that_step_stops_every_worker_and_resumes_exactly(jobs)
+
+
+@native_only
+def test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs):
+    horovod_checks.test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs)
 
 
 def _uninterrupted_resume_run() -> list[np.ndarray]:

@@ -54,7 +54,7 @@ class EarlyStopping(MonitorCallback):
         baseline: a value to beat: until an evaluation beats it, patience counts from the start.
         restore_best_weights: when training ends, set the model's weights to those of the best evaluation
             (copied to host memory at every improvement).
-        verbose: 1 prints the decisions.
+        verbose: 1 prints the decisions (once per job: on rank 0 under data-parallel training).
         name: the key of this callback's state in checkpoints.
 
     Raises:

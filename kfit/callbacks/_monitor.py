@@ -105,7 +105,7 @@ class MonitorCallback(KfitCallback):
             ``"samples"`` or ``"epochs"``; a duration given as an interval string (``"3ep"``) sets it.
         burn_in: the first ``burn_in`` units of time make no decision (an int in ``unit``, or ``"2ep"``,
             ``"6000sp"``).
-        verbose: 1 prints the decisions.
+        verbose: 1 prints the decisions (once per job: on rank 0 under data-parallel training).
         name: the key of this callback's state in checkpoints.
     """
 
@@ -255,5 +255,8 @@ class MonitorCallback(KfitCallback):
         raise NotImplementedError
 
     def say(self, message: str) -> None:
-        if self.verbose:
+        """Prints a decision with ``verbose``: once per job (on rank 0), as every worker decides the same."""
+        from kfit import distributed
+
+        if self.verbose and distributed.is_chief():
             print(f"Samples {self.clock.samples}: {type(self).__name__}: {message}")

@@ -55,7 +55,7 @@ class ReduceLROnPlateau(MonitorCallback):
         mode: ``"min"``, ``"max"`` or ``"auto"``.
         stop_at_floor: stop training when a reduction is due and the rate is at the floor.
         max_reductions: stop training when a reduction is due after this many (None: never).
-        verbose: 1 prints the decisions.
+        verbose: 1 prints the decisions (once per job: on rank 0 under data-parallel training).
         name: the key of this callback's state in checkpoints.
 
     Raises:

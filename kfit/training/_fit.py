@@ -414,16 +414,21 @@ class _RunControl(keras.callbacks.Callback):
         source.make_owed_pass_end_call()
         if mid_epoch:
             fit.run.batch_offset = steps_in_epoch or source.steps_into_epoch(epoch, clock.minibatches, clock.samples_in_epoch)
+        from kfit import distributed
+
+        chief = distributed.is_chief()  # every worker's source skips the same way (the clock is the job's): said once
         if source.reopens:  # (epochs counted from 1, as in the resume line)
             reopened = "the pass it was reading" if source.continues else f"epoch {epoch + 1}"
-            print(f"kfit: resuming at sample {clock.samples}: the {source.state_kind} source restarts {reopened} "
-                  f"from {source.saved_state}, saved in the checkpoint, and the first {skip} samples it yields are "
-                  "drawn and dropped.", file=sys.stderr)
+            if chief:
+                print(f"kfit: resuming at sample {clock.samples}: the {source.state_kind} source restarts {reopened} "
+                      f"from {source.saved_state}, saved in the checkpoint, and the first {skip} samples it yields "
+                      "are drawn and dropped.", file=sys.stderr)
         else:
             kind = type(source.inner).__name__.removesuffix("Adapter").removesuffix("Data")  # Array, TorchDataLoader
-            print(f"kfit: {'an' if kind[:1] in 'AEIOU' else 'a'} {kind} source cannot seek: resuming at "
-                  f"sample {clock.samples} by drawing and dropping the first {skip} samples it yields"
-                  f"{'' if source.continues else ' in epoch ' + str(epoch + 1)}.", file=sys.stderr)
+            if chief:
+                print(f"kfit: {'an' if kind[:1] in 'AEIOU' else 'a'} {kind} source cannot seek: resuming at "
+                      f"sample {clock.samples} by drawing and dropping the first {skip} samples it yields"
+                      f"{'' if source.continues else ' in epoch ' + str(epoch + 1)}.", file=sys.stderr)
             if _backend.shuffles_from_process_random_state(source.inner):
                 warnings.warn(SHUFFLED_ARRAYS_RESUME, stacklevel=2)
         return mid_epoch

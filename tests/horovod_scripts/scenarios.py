@@ -13,6 +13,7 @@ Each worker writes ``OUT_DIR/<scenario>.rank<r>.{npz,json}``; the test checks th
   uninterrupted.
 * ``preempt``: ``Checkpoint(save_on_preemption=True)``, SIGTERM reaching rank 1 alone; the run resumed from the
   checkpoint, and the same run uninterrupted.
+* ``verbose``: what kfit's callbacks print with ``verbose=1`` on each worker.
 * ``example``: ``examples/horovod_mnist.py --small``.
 """
 
@@ -291,6 +292,21 @@ def scenario_preempt() -> None:
     common.save(out("preempt"), arrays, info)
 
 
+# -- verbose -----------------------------------------------------------------------------------------
+def scenario_verbose() -> None:
+    """kfit's own EarlyStopping and ReduceLROnPlateau with verbose=1; each decides at every epoch end (the loss,
+    falling, never improves in mode "max")."""
+    x, y = common.data(40, seed=14)
+    net = common.resume_model()
+    callbacks = [kfit.callbacks.ReduceLROnPlateau("loss", mode="max", patience=0, factor=0.5, verbose=1),
+                 kfit.callbacks.EarlyStopping("loss", mode="max", patience=1, restore_best_weights=True, verbose=1)]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        kfit.fit(net, x, y, minibatch_size=10, epochs=5, seed=1, verbose=0, callbacks=callbacks)
+    common.save(out("verbose"), {}, {"stdout": stdout.getvalue(), "stderr": stderr.getvalue(),
+                                     "samples": kfit.get_clock(net).samples})
+
+
 # -- example -----------------------------------------------------------------------------------------
 def scenario_example() -> None:
     """examples/horovod_mnist.py --small, in this job (its imports are done): what CI runs of the example."""
@@ -312,6 +328,6 @@ def scenario_example() -> None:
     common.save(out("example"), {}, {"stdout": printed.getvalue()})
 
 
-for scenario in sys.argv[2:] or ["fit", "stop", "model_fit", "resume", "preempt", "example"]:
+for scenario in sys.argv[2:] or ["fit", "stop", "model_fit", "resume", "preempt", "verbose", "example"]:
     globals()[f"scenario_{scenario}"]()
 print(f"rank {RANK}: done", flush=True)
