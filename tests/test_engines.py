@@ -10,7 +10,8 @@ The native tests launch real workers on loopback, with the backend of this pytes
   plain ``model.fit`` with Horovod's API, resuming the killed run on two workers, SIGTERM on one worker with
   ``save_on_preemption``, what ``verbose=1`` prints, the Horovod example);
 * ``engine_scripts/uneven.py`` under torchrun: global minibatches that do not divide between the two workers
-  (padded to one shape on JAX), and on JAX the compiled step's HLO (an all-reduce, no host callback);
+  (padded to one shape on JAX), ones of 1 sample (one worker trains a padding row), and on JAX the compiled step's
+  HLO (an all-reduce, no host callback);
 * ``engine_scripts/resume.py``: the killed run's checkpoint (written by two workers) resumed by one worker, and
   under torchrun, the checkpoint that one worker wrote (``engine_scripts/partial.py``) resumed by two.
 
@@ -241,6 +242,25 @@ def test_uneven_shares_and_a_sweeps_remainder_train_as_one_process(uneven):
         np.testing.assert_allclose(a0[f"w{i}"], w, atol=1e-6, rtol=0)
 
 
+@native_only
+def test_a_minibatch_of_fewer_samples_than_workers_trains_as_one_process(uneven):
+    """An epoch's last minibatch of 1 sample, and one that max_samples cuts to 1, on 2 workers: rank 1's share is
+    empty, it trains a padding row of weight 0, and both workers end with one process's weights and metrics."""
+    (a0, i0), (a1, i1) = uneven
+    x, y, sample_weight = common.uneven_data()
+    n = common.REMAINDER["num_samples"]
+    reference = common.uneven_model()
+    history = kfit.fit(reference, x[:n], y[:n], sample_weight=sample_weight[:n], **common.remainder_kwargs())
+    assert kfit.get_clock(reference).samples == common.REMAINDER["max_samples"]
+    for info in (i0, i1):
+        assert info["remainder_samples"] == common.REMAINDER["max_samples"]
+        for key in ("loss", "mae"):  # (a weighted metric is averaged by rows, not weights: as in the test above)
+            np.testing.assert_allclose(info["remainder_history"][key], history.history[key], rtol=1e-5, err_msg=key)
+    for i, w in enumerate(common.weights(reference)):
+        np.testing.assert_array_equal(a0[f"r{i}"], a1[f"r{i}"])
+        np.testing.assert_allclose(a0[f"r{i}"], w, atol=1e-6, rtol=0)
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="the JAX engine's in-step collective")
 def test_the_jax_engines_gradient_sum_is_an_all_reduce_inside_the_compiled_step(uneven):
     for _, info in uneven:
@@ -264,6 +284,11 @@ def test_a_share_is_padded_with_copies_of_its_last_row_of_weight_zero():
     _, _, w4 = pad_share((x, y), 3, weights=True)  # the longer share of an uneven step: weights, no padding
     np.testing.assert_array_equal(w4, [1, 1, 1])
     assert pad_share((x, y), 3, weights=False) == (x, y)  # an even step: the batch as it is
+    _, _, w5 = pad_share((x, y, np.array([0.5, 1.5, 2.0], "float32")), 4, weights=True, real=2)
+    np.testing.assert_array_equal(w5, [0.5, 1.5, 0.0, 0.0])  # rows after `real` are padding already: weight 0
+    x6, _, w6 = pad_share((x["b"][2:], y[2:]), 1, weights=True, real=0)  # an empty share read as one padding row
+    np.testing.assert_array_equal(x6, [2])
+    np.testing.assert_array_equal(w6, [0])
 
 
 # -- failures and resumption ---------------------------------------------------------------------------------

@@ -82,6 +82,18 @@ def test_h5py_datasets_are_read_by_minibatch(tmp_path):
             stream.read(0, 21)
 
 
+def test_a_worker_whose_share_is_empty_reads_the_global_minibatchs_last_row_as_padding():
+    from kfit.data._stream import real_count
+
+    workers = [SampleStream(np.arange(10), shuffle=False, num_workers=3, rank=r) for r in range(3)]
+    for stream in workers:
+        stream.pads_empty_shares = True
+    # A global minibatch of 2 at position 4: ranks 0 and 1 read a sample each, rank 2 the last one again (padding).
+    assert [s.read(4, 2)[0].tolist() for s in workers] == [[4], [5], [5]]
+    assert [real_count(2, r, 3) for r in range(3)] == [1, 1, 0]
+    assert [s.read(4, 4)[0].tolist() for s in workers] == [[4, 5], [6], [7]]  # no share empty: no padding
+
+
 def test_bad_input_names_the_argument_and_the_lengths():
     with pytest.raises(ValueError, match=r"same number of samples.*x: 10.*y: 9"):
         SampleStream(np.zeros((10, 2)), np.zeros(9))
@@ -95,8 +107,8 @@ def test_bad_input_names_the_argument_and_the_lengths():
         SampleStream(None)
     with pytest.raises(ValueError, match="`seed`"):
         SampleStream(np.zeros(3), seed=-1)
-    with pytest.raises(ValueError, match="at least 2 samples"):
-        SampleStream(np.zeros(10), num_workers=2, rank=0).read(0, 1)
+    with pytest.raises(ValueError, match="1 sample.*cannot be shared among 2 workers.*at least 2 samples"):
+        SampleStream(np.zeros(10), num_workers=2, rank=0).read(0, 1)  # a step that cannot train a padding row
     with pytest.raises(ValueError, match="training data holds 10"):
         SampleStream(np.zeros(10)).set_state({"position": 3, "num_samples": 11})
 

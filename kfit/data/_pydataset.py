@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from kfit.data._stream import flatten, pack, share
+from kfit.data._stream import check_global_minibatch, flatten, pack, read_share
 
 
 def _as_triple(item: Any) -> tuple:
@@ -69,6 +69,7 @@ class PyDatasetStream:
         self.seed = int(seed)
         self.rank = rank
         self.num_workers = num_workers
+        self.pads_empty_shares = False  # see SampleStream.pads_empty_shares
         self.position = 0
         self.has_h5py = False
         self._sweep_cache: tuple[int, np.ndarray, np.ndarray] | None = None
@@ -145,13 +146,12 @@ class PyDatasetStream:
         return [None if parts[0] is None else np.concatenate(parts) for parts in zip(*pieces)]
 
     def check_minibatch_size(self, size: int) -> None:
-        if size < self.num_workers:
-            raise ValueError(f"Invalid minibatch size {size}: with {self.num_workers} workers every global minibatch must hold at least {self.num_workers} samples.")
+        check_global_minibatch(size, self.num_workers, self.pads_empty_shares)
 
     def read(self, start: int, size: int) -> tuple:
         """This worker's share of the global minibatch at stream positions ``[start, start + size)``."""
         self.check_minibatch_size(size)
-        lo, hi = share(start, size, self.rank, self.num_workers)
+        lo, hi = read_share(start, size, self.rank, self.num_workers)
         return pack(self.structure, self._rows(lo, hi))
 
     def get_state(self) -> dict[str, Any]:

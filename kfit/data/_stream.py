@@ -8,7 +8,10 @@ that came before it, so resuming at ``S`` seeks in constant time.
 
 Under data-parallel training each of ``num_workers`` workers reads its own contiguous share of every
 global minibatch: worker ``r`` of ``n`` takes ``size // n`` positions (the first ``size % n`` workers
-one more), so each sweep's samples are seen exactly once over all workers.
+one more), so each sweep's samples are seen exactly once over all workers. A global minibatch of fewer samples
+than workers (an epoch's or ``max_samples``'s last, cut short) leaves some shares empty: such a worker reads one
+padding row instead, the global minibatch's last (:func:`read_share`), which its step trains with weight 0
+(``kfit/distributed/_optimizer.py``).
 """
 
 from __future__ import annotations
@@ -103,6 +106,37 @@ def share(start: int, size: int, rank: int, num_workers: int) -> tuple[int, int]
     return lo, hi
 
 
+def read_share(start: int, size: int, rank: int, num_workers: int) -> tuple[int, int]:
+    """The positions ``[lo, hi)`` worker ``rank`` reads for the global minibatch ``[start, start+size)``: its
+    :func:`share`, or for an empty share one padding row, the global minibatch's last (a step needs a row; the
+    padding row's weight is 0, :func:`real_count`)."""
+    lo, hi = share(start, size, rank, num_workers)
+    return (lo, hi) if hi > lo else (start + size - 1, start + size)
+
+
+def real_count(size: int, rank: int, num_workers: int) -> int:
+    """The real samples of worker ``rank``'s share of a global minibatch of ``size`` (0: it reads a padding row)."""
+    lo, hi = share(0, size, rank, num_workers)
+    return hi - lo
+
+
+def check_global_minibatch(size: int, num_workers: int, pads_empty_shares: bool) -> None:
+    """Refuses a global minibatch that ``num_workers`` workers cannot train: an empty one, or one of fewer samples
+    than workers where the workers' steps cannot train a padding row (``pads_empty_shares``)."""
+    if size < 1:
+        raise ValueError(f"Invalid minibatch size {size}: a global minibatch holds at least 1 sample.")
+    if size < num_workers and not pads_empty_shares:
+        from kfit import _backend
+
+        raise ValueError(
+            f"A global minibatch of {size} sample(s) (an epoch's or max_samples's last minibatch is cut short) "
+            f"cannot be shared among {num_workers} workers here: some workers would have no sample, and only the "
+            f"PyTorch backend and the JAX engine's compiled step (KFIT_JAX_COLLECTIVES=step, the default of kfit's "
+            f"native engine) train such a worker on a padding row of weight 0; this run is on "
+            f"{_backend.BACKEND}. Choose minibatch_size, epoch_size and max_samples so that every minibatch holds "
+            f"at least {num_workers} samples (an epoch's last minibatch holds epoch_size % minibatch_size).")
+
+
 class SampleStream:
     """An endless, shuffled, seekable stream over array-like training data.
 
@@ -178,6 +212,9 @@ class SampleStream:
         self.seed = int(seed)
         self.rank = rank
         self.num_workers = num_workers
+        #: Whether the workers' steps train an empty share as one padding row of weight 0 (else such a global
+        #: minibatch is refused): set by ``kfit.fit`` from the engine (``distributed.pads_empty_shares``).
+        self.pads_empty_shares = False
         self.position = 0
         self._order_cache: tuple[int, np.ndarray] | None = None
         #: ``x``, ``y`` and ``sample_weight`` are each one array or None: a minibatch is the tuple of its leaves.
@@ -216,11 +253,7 @@ class SampleStream:
 
     def check_minibatch_size(self, size: int) -> None:
         """Refuses a global minibatch that the data or the workers cannot serve."""
-        if size < self.num_workers:
-            raise ValueError(
-                f"Invalid minibatch size {size}: with {self.num_workers} workers every global minibatch must "
-                f"hold at least {self.num_workers} samples."
-            )
+        check_global_minibatch(size, self.num_workers, self.pads_empty_shares)
         if self.has_h5py and size > self.num_samples:
             raise ValueError(
                 f"Invalid minibatch size {size}: the h5py dataset holds only {self.num_samples} samples, so a "
@@ -242,7 +275,7 @@ class SampleStream:
     def rows(self, start: int, size: int) -> np.ndarray:
         """The sample indices :meth:`read` gathers for the global minibatch ``[start, start + size)``."""
         self.check_minibatch_size(size)
-        lo, hi = share(start, size, self.rank, self.num_workers)
+        lo, hi = read_share(start, size, self.rank, self.num_workers)
         if self.shuffle != "batch":
             return self.indices(lo, hi)
         rows = self.indices(start, start + size)[np.random.default_rng([self.seed, start]).permutation(size)]

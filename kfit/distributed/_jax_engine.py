@@ -71,7 +71,7 @@ from typing import Any
 import numpy as np
 
 from kfit import _backend
-from kfit.distributed import _engine, _launch
+from kfit.distributed import _engine, _launch, _optimizer
 from kfit.distributed._engine import WorkerLostError
 from kfit.distributed._torch_engine import TorchEngine
 
@@ -284,8 +284,7 @@ class _ShardedStep:
         self.device = jax.local_devices()[0]
         self.replicated = NamedSharding(engine.mesh, P())
         self.split = NamedSharding(engine.mesh, P(AXIS))
-        self._pending: list | None = None  # the driver's planned sizes of the current execution, and the next one
-        self._next = 0
+        self._sizes = _optimizer.StepSizes(model)  # the driver's planned sizes of the steps, in order
         self._losses_checked = False  # whether _warn_added_losses has looked at the traced step
 
         def body(state: Any, data: Any, real: Any) -> Any:
@@ -326,18 +325,7 @@ class _ShardedStep:
     def global_minibatch(self) -> int | None:
         """The global minibatch of the step about to run: the run's driver planned the sizes of the steps of
         Keras's execution (several with ``steps_per_execution``), called here in order; else the clock's."""
-        from kfit._run import current_run
-
-        run = current_run(self.model)
-        pending = getattr(getattr(run, "driver", None), "pending", None)
-        if pending:
-            if pending is not self._pending:
-                self._pending, self._next = pending, 0
-            if self._next < len(pending):
-                self._next += 1
-                return int(pending[self._next - 1])
-        size = getattr(getattr(run, "clock", None), "minibatch_size", None)
-        return int(size) if size else None
+        return self._sizes.next()
 
     def prepare(self, state: Any, data: Any, total: int | None = None) -> tuple:
         """The global arrays of one step (the arguments of :attr:`jitted`): the state replicated, the shares
@@ -345,15 +333,19 @@ class _ShardedStep:
         (default: the run's ``clock.minibatch_size``)."""
         import jax
 
+        from kfit.data._stream import real_count
+
         n = batch_rows(data)
         total = total or self.global_minibatch()
         rows = -(-total // self.size) if total else n
-        if total is None or not rows - 1 <= n <= rows:
+        real = real_count(total, self.engine.rank(), self.size) if total else n
+        if total is None or n != max(real, 1):
             raise ValueError(
                 f"kfit's JAX engine pads each worker's share of the global minibatch to one shape, and needs the "
                 f"global minibatch size of the step (kfit.fit's clock): got a share of {n} rows for a global "
                 f"minibatch of {total} on {self.size} workers.")
-        data = pad_share(data, rows, weights=rows * self.size != total)
+        # (an empty share is read as one padding row: real is 0, and pad_share gives the row weight 0)
+        data = pad_share(data, rows, weights=rows * self.size != total, real=real)
         local = jax.device_put
         state = jax.tree_util.tree_map(
             lambda a: jax.make_array_from_single_device_arrays(
@@ -363,7 +355,7 @@ class _ShardedStep:
                 (a.shape[0] * self.size, *a.shape[1:]), self.split,
                 [a if _on(a, self.device) else local(a, self.device)]), data)
         real = jax.make_array_from_single_device_arrays(
-            (self.size,), self.split, [local(np.array([n], np.float32), self.device)])
+            (self.size,), self.split, [local(np.array([real], np.float32), self.device)])
         return state, data, real
 
     def __call__(self, state: Any, data: Any) -> tuple:
@@ -377,20 +369,22 @@ class _ShardedStep:
         return jax.tree_util.tree_map(lambda a: a.addressable_data(0), (logs, state))
 
 
-def pad_share(data: Any, rows: int, weights: bool, xp: Any = None) -> Any:
+def pad_share(data: Any, rows: int, weights: bool, xp: Any = None, real: int | None = None) -> Any:
     """``data`` (``x``, ``(x, y)`` or ``(x, y, sample_weight)``) padded to ``rows`` rows with copies of its last
     row, whose sample weight is 0; with ``weights`` a batch without sample weights gets them (1 for real rows),
-    so that every worker's batch has the same structure. ``xp``: the array module (default ``jax.numpy``; NumPy
-    for host batches, ``kfit.training._padding``)."""
+    so that every worker's batch has the same structure. ``real``: the real rows of ``data`` (default: all); the
+    rows after them are padding already (an empty share read as one padding row) and get weight 0 too. ``xp``: the
+    array module (default ``jax.numpy``; NumPy for host batches, ``kfit.training._padding``)."""
     import keras
 
     if xp is None:
         import jax.numpy as xp
     n = batch_rows(data)
+    real = n if real is None else real
     extra = rows - n
-    if extra < 0:
-        raise ValueError(f"A batch of {n} rows cannot be padded to {rows} rows.")
-    if extra == 0 and not weights:
+    if extra < 0 or not 0 <= real <= n:
+        raise ValueError(f"A batch of {n} rows ({real} real) cannot be padded to {rows} rows.")
+    if extra == 0 and real == n and not weights:
         return data
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
 
@@ -401,7 +395,8 @@ def pad_share(data: Any, rows: int, weights: bool, xp: Any = None) -> Any:
 
     def pad_weight(w: Any) -> Any:
         w = xp.asarray(w)
-        return w if extra == 0 else xp.concatenate([w, xp.zeros((extra, *w.shape[1:]), w.dtype)], axis=0)
+        zeros = rows - real
+        return w if zeros == 0 else xp.concatenate([w[:real], xp.zeros((zeros, *w.shape[1:]), w.dtype)], axis=0)
 
     x = keras.tree.map_structure(pad, x)
     y = keras.tree.map_structure(pad, y) if y is not None else None

@@ -19,6 +19,10 @@ among the workers (worker shares differ by one sample). On the JAX engine's in-s
 padded to the same number of rows ``p`` with zero-weight rows (``kfit/distributed/_jax_engine.py``); the loss,
 a mean over the padded rows, gives ``g_r = sum_i(w_i * grad_i) / p``, so the weight is ``p`` and the divisor
 the global number of real samples: ``g = sum_r(p * g_r) / sum_r(n_r)``, the same mean gradient.
+A global minibatch of fewer samples than workers (an epoch's or ``max_samples``'s last, cut short) leaves some
+shares empty; such a worker trains one padding row (``kfit.data._stream.read_share``) with ``n_r = 0``: on PyTorch
+its step knows that from the run's plan (:class:`StepSizes`), weights its gradient by 0 and gives its metrics back
+their state from before the step; the JAX engine's step pads the share as any other (weight 0 on the row).
 Under plain ``model.fit`` (Horovod's usage), the workers' gradients are averaged, ``g = mean_r(g_r)``, as
 Horovod does: each worker's minibatch counts equally. Both assume a loss reduced by its mean over the minibatch (Keras's default).
 """
@@ -317,18 +321,69 @@ def _horovod_arguments(**given: Any) -> int:
     return groups
 
 
-def _count_samples(train_step: Any) -> Any:
-    """Wraps a model's ``train_step`` so that the optimizer's allreduce knows the step's local sample count."""
+class StepSizes:
+    """The global minibatch of each step of ``model``'s run as the steps run: the run's driver planned the sizes of
+    the steps of Keras's execution (several with ``steps_per_execution``), read here in order by a caller that runs
+    once per step; else the clock's. None outside a run of ``kfit.fit``."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._pending: list | None = None
+        self._next = 0
+
+    def next(self) -> int | None:
+        from kfit._run import current_run
+
+        run = current_run(self.model)
+        pending = getattr(getattr(run, "driver", None), "pending", None)
+        if pending:
+            if pending is not self._pending:
+                self._pending, self._next = pending, 0
+            if self._next < len(pending):
+                self._next += 1
+                return int(pending[self._next - 1])
+        size = getattr(getattr(run, "clock", None), "minibatch_size", None)
+        return int(size) if size else None
+
+
+def pads_empty_shares() -> bool:
+    """Whether ``kfit.fit``'s step trains a worker's empty share of a global minibatch (fewer samples than workers)
+    as one padding row of weight 0 on this backend and engine: on PyTorch (the step runs in Python, which knows the
+    step's share from the run's plan) and in the JAX engine's compiled step (which pads every share)."""
+    return keras.backend.backend() == "torch" or _select.current().trains_in_step()
+
+
+def _count_samples(model: keras.Model, train_step: Any) -> Any:
+    """Wraps a model's ``train_step`` so that the optimizer's allreduce knows the step's local sample count.
+
+    On PyTorch a step whose share is empty (its batch is one padding row, ``kfit.data._stream.read_share``) counts
+    0 samples, so its gradient weighs nothing, and gives the metrics back their state from before the step."""
+    from kfit.data._stream import real_count
+
+    sizes = StepSizes(model) if keras.backend.backend() == "torch" else None
 
     def counted_train_step(*args: Any) -> Any:
         data = args[-1]
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
         first = next(leaf for leaf in keras.tree.flatten(x) if leaf is not None)
         _step.count = keras.ops.shape(first)[0]
+        saved = None
+        engine = _select.current()
+        total = sizes.next() if sizes is not None and engine.size() > 1 else None
+        if total is not None and real_count(total, engine.rank(), engine.size()) == 0:
+            _step.count = 0
+            saved = [keras.ops.copy(v.value) for v in model.metrics_variables]
         try:
-            return train_step(*args)
+            logs = train_step(*args)
         finally:
             _step.count = None
+        if saved is not None:
+            for variable, value in zip(model.metrics_variables, saved):
+                variable.assign(value)
+            results = model.get_metrics_result()
+            if isinstance(logs, dict) and set(logs) == set(results):
+                logs = results
+        return logs
 
     counted_train_step._kfit_counts_samples = True
     return counted_train_step
@@ -345,7 +400,7 @@ def prepare_model(model: keras.Model) -> None:
     if not is_distributed(model.optimizer):
         DistributedOptimizer(model.optimizer)
     if not getattr(model.train_step, "_kfit_counts_samples", False):
-        object.__setattr__(model, "train_step", _count_samples(model.train_step))
+        object.__setattr__(model, "train_step", _count_samples(model, model.train_step))
     if keras.backend.backend() in ("tensorflow", "torch") and model.jit_compile:
         model.jit_compile = False
     engine = _select.current()

@@ -23,6 +23,7 @@ from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._sample_clock import SampleClock
 from kfit.checkpoint import _restore
 from kfit.clock import Clock
+from kfit.data import _stream
 from kfit.data._adapter import StreamAdapter, declared_batches, pack_batch
 from kfit.data._pydataset import PyDatasetStream
 from kfit.data._source import SourceAdapter, SourceDriver, batch_size_of
@@ -616,6 +617,10 @@ class _StreamFit:
             _check_sample_weight(y, sample_weight)
             self.stream = SampleStream(x, y, sample_weight, shuffle=o.shuffle, seed=o.seed or 0,
                                        rank=distributed.rank(), num_workers=distributed.size())
+        if self.distributed:  # a worker whose share of a global minibatch is empty trains a padding row, or refuses
+            from kfit.distributed import _optimizer
+
+            self.stream.pads_empty_shares = _optimizer.pads_empty_shares()
         # Without a size, Keras's: a PyDataset's own batch size, else 32.
         default = self.stream.batch_size if isinstance(self.stream, PyDatasetStream) else 32
         self.size_at = size_function(default if o.minibatch_size is None else o.minibatch_size)
@@ -696,6 +701,9 @@ class _StreamFit:
         clock = self.clock
         self.run.flush()
         plan = self.plan_at(clock.samples, clock.minibatches)
+        if self.distributed and not self.stream.pads_empty_shares:  # refused as the epoch begins, not as it is read
+            for _, size in plan:
+                _stream.check_global_minibatch(size, self.stream.num_workers, pads_empty_shares=False)
         end = min(clock.epoch_end(), self.stop_at)
         if clock.samples_in_epoch:  # the epoch a run resumes in: its first steps ran before this call
             first = _plan.minibatches_before(clock.samples - clock.samples_in_epoch, self.size_at, self.epoch_size)

@@ -5,7 +5,8 @@
 ``common.UNEVEN``: global minibatches of 9 (shares 5 and 4) over sweeps of 41 samples, one epoch per sweep, so
 each epoch ends with a remainder minibatch of 5 (shares 3 and 2); sample weights, an unweighted and a weighted
 metric, and one whose state is not a sum over samples (on JAX: warned about, its value keeps the padding row); then
-a model with an activity regularizer (on JAX: warned about, naming the layer). Every step whose shares differ is padded to one shape by the JAX engine. Writes the weights, the
+a model with an activity regularizer (on JAX: warned about, naming the layer); then global minibatches of 1 sample
+(``common.REMAINDER``: an epoch's last, and one that ``max_samples`` cuts), where rank 1 trains a padding row. Every step whose shares differ is padded to one shape by the JAX engine. Writes the weights, the
 history and the epoch summaries to ``OUT_DIR/uneven.rank<r>.{npz,json}``, with what the compiled train step holds:
 its HLO is checked for an all-reduce and for host callbacks.
 """
@@ -40,7 +41,15 @@ regularized.compile(optimizer="sgd", loss="mse")
 with warnings.catch_warnings(record=True) as caught_losses:
     warnings.simplefilter("always")
     kfit.fit(regularized, x, y, **{**common.uneven_kwargs(), "epochs": 1})
+# Global minibatches of 1 sample (an epoch's last, and one max_samples cuts): rank 1's share is empty.
+remainder = common.uneven_model()
+n = common.REMAINDER["num_samples"]
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    remainder_history = kfit.fit(remainder, x[:n], y[:n], sample_weight=sample_weight[:n], **common.remainder_kwargs())
 info = {
+    "remainder_samples": kfit.get_clock(remainder).samples,
+    "remainder_history": {k: [float(v) for v in values] for k, values in remainder_history.history.items()},
     "added_loss_warnings": [str(w.message) for w in caught_losses if "adds a loss in its forward pass" in str(w.message)],
     "padding_warnings": [str(w.message) for w in caught if "pads the workers' shares" in str(w.message)],
     "engine": kfit.distributed.engine(),
@@ -63,4 +72,6 @@ if keras.backend.backend() == "jax" and info["in_step"]:
     info["hlo_callbacks"] = sorted({line.split("custom_call_target=")[1].split(",")[0]
                                     for line in hlo.splitlines() if "custom_call_target=" in line
                                     and "callback" in line.lower()})
-common.save(os.path.join(OUT, f"uneven.rank{rank}"), {f"w{i}": w for i, w in enumerate(common.weights(net))}, info)
+common.save(os.path.join(OUT, f"uneven.rank{rank}"), {**{f"w{i}": w for i, w in enumerate(common.weights(net))},
+                                                    **{f"r{i}": w for i, w in enumerate(common.weights(remainder))}},
+            info)

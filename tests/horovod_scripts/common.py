@@ -188,3 +188,13 @@ def uneven_model() -> keras.Model:
 def uneven_kwargs() -> dict:
     u = UNEVEN
     return dict(minibatch_size=u["minibatch_size"], epochs=u["epochs"], seed=u["seed"], verbose=0)
+
+
+#: Global minibatches of fewer samples than the 2 workers: the first ``REMAINDER["num_samples"]`` samples of
+#: ``uneven_data()`` in minibatches of 9 end each epoch with 1 sample (37 = 4 * 9 + 1), and ``max_samples`` cuts the
+#: second epoch's third minibatch to 1 sample (56 = 37 + 2 * 9 + 1): the worker with no sample trains a padding row.
+REMAINDER = dict(num_samples=37, epochs=2, max_samples=56)
+
+
+def remainder_kwargs() -> dict:
+    return {**uneven_kwargs(), "epochs": REMAINDER["epochs"], "max_samples": REMAINDER["max_samples"]}
