@@ -10,7 +10,7 @@ The native tests launch real workers on loopback, with the backend of this pytes
   plain ``model.fit`` with Horovod's API, resuming the killed run on two workers, SIGTERM on one worker with
   ``save_on_preemption``, what ``verbose=1`` prints, the Horovod example);
 * ``engine_scripts/uneven.py`` under torchrun: global minibatches that do not divide between the two workers
-  (padded to one shape on JAX), ones of 1 sample (one worker trains a padding row), and on JAX the compiled step's
+  (padded to one shape on JAX), ones of 1 sample (one worker trains a padding row), workers given different training data (refused), and on JAX the compiled step's
   HLO (an all-reduce, no host callback);
 * ``engine_scripts/resume.py``: the killed run's checkpoint (written by two workers) resumed by one worker, and
   under torchrun, the checkpoint that one worker wrote (``engine_scripts/partial.py``) resumed by two.
@@ -259,6 +259,16 @@ def test_a_minibatch_of_fewer_samples_than_workers_trains_as_one_process(uneven)
     for i, w in enumerate(common.weights(reference)):
         np.testing.assert_array_equal(a0[f"r{i}"], a1[f"r{i}"])
         np.testing.assert_allclose(a0[f"r{i}"], w, atol=1e-6, rtol=0)
+
+
+@native_only
+def test_workers_given_different_training_data_refuse_it_naming_each_workers_length(uneven):
+    for _, info in uneven:
+        length, dtype = info["different_data"]["length"], info["different_data"]["dtype"]
+        assert length is not None and "different lengths (rank 0: 41, rank 1: 39 samples)" in length, length
+        assert "give every worker the same full data" in length and "kfit shards it itself" in length
+        assert dtype is not None and "41 samples each, but with arrays of different shapes or dtypes" in dtype, dtype
+    assert "float32" in uneven[0][1]["different_data"]["dtype"] and "float64" in uneven[1][1]["different_data"]["dtype"]
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="the JAX engine's in-step collective")

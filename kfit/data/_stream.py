@@ -281,6 +281,10 @@ class SampleStream:
         rows = self.indices(start, start + size)[np.random.default_rng([self.seed, start]).permutation(size)]
         return rows[lo - start : hi - start]
 
+    def signature(self) -> str:
+        """The shapes past the first axis and the dtypes of the data's arrays (``x``, ``y``, ``sample_weight``)."""
+        return repr([None if leaf is None else (tuple(leaf.shape[1:]), str(leaf.dtype)) for leaf in self.leaves])
+
     def get_state(self) -> dict[str, Any]:
         """The stream's position and seed (plain data).
 

@@ -95,6 +95,36 @@ def broadcast_training_state(model: Any, root_rank: int = 0) -> None:
         stream.position = state["position"]
 
 
+def check_same_data(num_samples: int, signature: str, what: str = "training data") -> None:
+    """Refuses, on every worker, training data that differs between the workers in its number of samples or in its
+    arrays' shapes past the first axis and dtypes (``signature``): one host sum, as training begins.
+
+    Data-parallel ``kfit.fit`` cuts each global minibatch into the workers' shares of the same sample stream; workers
+    given different data (e.g. each its own shard) would count different epochs and schedules and train apart.
+
+    Raises:
+        ValueError: the workers' data differ; the message names each worker's length and says how to fix it.
+    """
+    import zlib
+
+    engine = _select.current()
+    size, rank = engine.size(), engine.rank()
+    table = np.zeros((2, size), dtype=np.int64)
+    table[0, rank] = int(num_samples)
+    table[1, rank] = zlib.crc32(signature.encode())
+    (table,) = engine.host_sum([table], "kfit.same_data")
+    lengths, signatures = table[0].tolist(), table[1].tolist()
+    fix = (f"Data-parallel kfit.fit reads each worker's share of the same {what}: give every worker the same full "
+           f"data (load the whole data set on every worker; kfit shards it itself, do not shard it yourself).")
+    if len(set(lengths)) > 1:
+        detail = ", ".join(f"rank {r}: {n}" for r, n in enumerate(lengths))
+        raise ValueError(f"The workers were given {what} of different lengths ({detail} samples). {fix}")
+    if len(set(signatures)) > 1:
+        others = ", ".join(str(r) for r, s in enumerate(signatures) if s != signatures[rank])
+        raise ValueError(f"The workers were given {what} of {lengths[0]} samples each, but with arrays of different "
+                         f"shapes or dtypes: rank {rank} holds {signature}, rank(s) {others} something else. {fix}")
+
+
 def local_sample_count(model: Any) -> float:
     """The samples this worker trained on since the metrics were reset (the loss tracker's count), or 1."""
     for metric in getattr(model, "metrics", []):

@@ -618,7 +618,10 @@ class _StreamFit:
             self.stream = SampleStream(x, y, sample_weight, shuffle=o.shuffle, seed=o.seed or 0,
                                        rank=distributed.rank(), num_workers=distributed.size())
         if self.distributed:  # a worker whose share of a global minibatch is empty trains a padding row, or refuses
-            from kfit.distributed import _optimizer
+            from kfit.distributed import _optimizer, _state
+
+            signature = self.stream.signature() if isinstance(self.stream, SampleStream) else type(x).__name__
+            _state.check_same_data(self.stream.num_samples, signature)
 
             self.stream.pads_empty_shares = _optimizer.pads_empty_shares()
         # Without a size, Keras's: a PyDataset's own batch size, else 32.

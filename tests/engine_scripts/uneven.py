@@ -6,7 +6,8 @@
 each epoch ends with a remainder minibatch of 5 (shares 3 and 2); sample weights, an unweighted and a weighted
 metric, and one whose state is not a sum over samples (on JAX: warned about, its value keeps the padding row); then
 a model with an activity regularizer (on JAX: warned about, naming the layer); then global minibatches of 1 sample
-(``common.REMAINDER``: an epoch's last, and one that ``max_samples`` cuts), where rank 1 trains a padding row. Every step whose shares differ is padded to one shape by the JAX engine. Writes the weights, the
+(``common.REMAINDER``: an epoch's last, and one that ``max_samples`` cuts), where rank 1 trains a padding row;
+then training data that differs between the workers (in length, in dtype), which every worker refuses. Every step whose shares differ is padded to one shape by the JAX engine. Writes the weights, the
 history and the epoch summaries to ``OUT_DIR/uneven.rank<r>.{npz,json}``, with what the compiled train step holds:
 its HLO is checked for an all-reduce and for host callbacks.
 """
@@ -47,7 +48,17 @@ n = common.REMAINDER["num_samples"]
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     remainder_history = kfit.fit(remainder, x[:n], y[:n], sample_weight=sample_weight[:n], **common.remainder_kwargs())
+# Workers given different training data (each its own length; then the same length with another dtype): refused.
+refused = {}
+for case, (xs, ys) in {"length": (x[:41 - 2 * rank], y[:41 - 2 * rank]),
+                       "dtype": (x.astype("float64") if rank == 1 else x, y)}.items():
+    try:
+        kfit.fit(common.uneven_model(), xs, ys, **{**common.uneven_kwargs(), "epochs": 1})
+        refused[case] = None
+    except ValueError as error:
+        refused[case] = str(error)
 info = {
+    "different_data": refused,
     "remainder_samples": kfit.get_clock(remainder).samples,
     "remainder_history": {k: [float(v) for v in values] for k, values in remainder_history.history.items()},
     "added_loss_warnings": [str(w.message) for w in caught_losses if "adds a loss in its forward pass" in str(w.message)],
