@@ -218,6 +218,81 @@ def test_save_and_load_restore_everything(tmp_path):
         assert torch.equal(torch.rand(3), draw)
 
 
+class _Largest(keras.metrics.Metric):
+    """A metric whose state is not a sum over samples: the largest target seen."""
+
+    def __init__(self, name="largest", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.largest = self.add_variable(shape=(), initializer="zeros", name="largest")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.largest.assign(keras.ops.maximum(self.largest.value, keras.ops.cast(keras.ops.max(y_true), "float32")))
+
+    def result(self):
+        return keras.ops.convert_to_tensor(self.largest)
+
+
+def _two_workers_checkpoint(tmp_path, shares):
+    """A checkpoint as two workers write it (rank 0's metric variables in the "metrics" group, rank 1's as
+    worker_metrics/1/<i>), from one process: each worker's metric state is that of evaluating its share."""
+    x, y = data()
+    model = built(make_model(), x)
+    model.compile(optimizer=model.optimizer, loss="mse", metrics=["mae", _Largest()])
+    states = []
+    for lo, hi in shares:
+        model.evaluate(x[lo:hi], y[lo:hi], batch_size=7, verbose=0)
+        states.append([keras.ops.convert_to_numpy(v.value) for v in model.metrics_variables])
+    path = tmp_path / "two.ckpt"
+    kfit.save_checkpoint(path, model, clock=kfit.Clock(samples=40, minibatches=4, epoch_size=100))
+
+    def add_rank_one(f):
+        meta = json.loads(f.attrs["meta"])
+        for i, value in enumerate(states[1]):
+            f.create_dataset(f"worker_metrics/1/{i}", data=value)
+            meta["arrays"].append({"name": f"worker_metrics/1/{i}", "shape": list(value.shape), "dtype": value.dtype.name})
+        meta["workers"] = {"count": 2, "metric_states": 2}
+        f.attrs["meta"] = json.dumps(meta)
+    assert read_checkpoint_info(path).samples == 40
+    edit(path, add_rank_one)  # (the file holds rank 0's state: the last one evaluated is rank 1's)
+    edit(path, lambda f: [f[f"metrics/{i}"].write_direct(np.asarray(v)) for i, v in enumerate(states[0])])
+    return path, model, states
+
+
+def test_two_workers_metric_states_load_on_one_worker_as_their_sums(tmp_path):
+    """A checkpoint of two workers resumed on one: the training metrics whose state is a sum over samples (the loss,
+    mae) go on from the sum of both workers' states, i.e. as if one worker had trained both shares; a metric with
+    another kind of state goes on from worker 0's, and a warning names it."""
+    x, y = data()
+    path, model, states = _two_workers_checkpoint(tmp_path, [(0, 20), (20, 50)])
+    for v in model.metrics_variables:
+        v.assign(keras.ops.ones(v.shape, v.dtype))
+    with pytest.warns(UserWarning, match=r"resumed on 1: the metric variables \['largest/largest'\] do not hold sums"):
+        kfit.load_checkpoint(path, model)
+    restored = [keras.ops.convert_to_numpy(v.value) for v in model.metrics_variables]
+    paths = [v.path for v in model.metrics_variables]
+    for name, value, first, second in zip(paths, restored, *states, strict=True):
+        expected = first if name == "largest/largest" else first + second
+        np.testing.assert_array_equal(value, expected, err_msg=name)
+    whole = model.evaluate(x[:50], y[:50], batch_size=50, verbose=0, return_dict=True)  # resets the metrics first
+    model.evaluate(x[:50], y[:50], batch_size=50, verbose=0)
+    for v, value in zip(model.metrics_variables, restored, strict=True):  # the sums are the whole set's state
+        v.assign(value)
+    results = model.get_metrics_result()
+    for key in ("loss", "mae"):
+        assert float(results[key]) == pytest.approx(whole[key], rel=1e-6)
+
+
+def test_a_worker_metric_state_the_file_lacks_is_refused_as_damaged(tmp_path):
+    path, model, _ = _two_workers_checkpoint(tmp_path, [(0, 20), (20, 50)])
+    edit_meta(path, lambda meta: meta["workers"].__setitem__("count", 3))  # 3 workers' states claimed, 2 stored
+    with pytest.raises(CheckpointCorruptError, match=r"meta.workers.metric_states should be 1 or meta.workers.count"):
+        kfit.load_checkpoint(path, model)
+    edit_meta(path, lambda meta: meta.__setitem__("workers", {"count": 3, "metric_states": 3}))
+    with pytest.raises(CheckpointCorruptError, match=r"should hold worker_metrics/2/0 of the shape of metrics/0"):
+        kfit.load_checkpoint(path, model)
+    assert cli(["inspect", str(path)]) == 1
+
+
 def test_a_model_built_twice_in_one_process_loads_by_position(tmp_path):
     x, _ = data()
     first = built(make_model(), x)

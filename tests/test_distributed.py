@@ -227,6 +227,12 @@ def test_kill_and_resume_ends_bit_identical_to_an_uninterrupted_run(jobs):
         if key.startswith("resumed_"):
             np.testing.assert_array_equal(a0[key], a0["fresh_" + key[len("resumed_"):]], err_msg=key)
             np.testing.assert_array_equal(a0[key], a1[key], err_msg=key)
+    # The History too, bit for bit: the loss and mae of the epoch resumed in its middle count what both workers
+    # trained in it before the checkpoint (each worker's metric state is saved and restored to it).
+    history = i0["history"]
+    assert history["resumed"].keys() == {"loss", "mae"} and len(history["resumed"]["loss"]) == 2, history
+    assert history["resumed"] == history["fresh"]
+    assert i1["history"] == history
 
 
 @pytest.mark.horovod

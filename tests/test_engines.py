@@ -53,6 +53,9 @@ native_only = pytest.mark.skipif(
 JOB_TIMEOUT = 300
 KILL_BOUND_SECONDS = 10.0
 HANG_TIMEOUT_SECONDS = 3.0
+# A checkpoint resumed on another number of workers: its metric states summed into rank 0 (see
+# _assert_same_training_metrics), against the uninterrupted run's float32 sums.
+RESHARDED_METRICS_RTOL = 1e-5
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                       "TORCHELASTIC_USE_AGENT_STORE", _launch.ENGINE_VARIABLE, *_launch.HOROVOD_VARIABLES)
 
@@ -345,13 +348,22 @@ def test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs):
     horovod_checks.test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs)
 
 
-def _uninterrupted_resume_run() -> list[np.ndarray]:
+def _uninterrupted_resume_run() -> tuple[list[np.ndarray], dict]:
     r = common.RESUME
     x, y = common.data(r["num_samples"], seed=4)
     reference = common.resume_model()
-    kfit.fit(reference, x, y, minibatch_size=r["minibatch_size"], max_samples=r["max_samples"], seed=r["seed"],
-             verbose=0)
-    return common.weights(reference)
+    h = kfit.fit(reference, x, y, minibatch_size=r["minibatch_size"], max_samples=r["max_samples"], seed=r["seed"],
+                 verbose=0)
+    return common.weights(reference), common.history(h)
+
+
+def _assert_same_training_metrics(history: dict, reference: dict) -> None:
+    """The History's training metrics (the first epoch is the one resumed in its middle) to float rounding: the
+    workers' saved metric states are summed into rank 0 on another number of workers, and the workers' shares
+    are added in another order than one worker adds its minibatches."""
+    assert history.keys() == reference.keys() == {"loss", "mae"}
+    for key in history:
+        np.testing.assert_allclose(history[key], reference[key], rtol=RESHARDED_METRICS_RTOL, atol=0, err_msg=key)
 
 
 @native_only
@@ -361,11 +373,14 @@ def test_a_checkpoint_of_two_workers_resumes_on_one_to_the_uninterrupted_result(
     assert (info["engine"], info["size"]) == ("none", 1)
     assert info["restored_samples"] == r["frequency"]  # the two workers' last checkpoint before the kill
     assert info["samples"] == r["max_samples"]
-    for i, w in enumerate(_uninterrupted_resume_run()):
+    weights, history = _uninterrupted_resume_run()
+    for i, w in enumerate(weights):
         np.testing.assert_allclose(arrays[f"w{i}"], w, atol=1e-6, rtol=0)
-    (two, _), _ = horovod_checks._results(jobs, "resume")
+    _assert_same_training_metrics(info["history"], history)
+    (two, two_info), _ = horovod_checks._results(jobs, "resume")
     for i in range(sum(1 for k in arrays if k.startswith("w"))):  # and to the uninterrupted run on two workers
         np.testing.assert_allclose(arrays[f"w{i}"], two[f"fresh_w{i}"], atol=1e-6, rtol=0)
+    _assert_same_training_metrics(info["history"], two_info["history"]["fresh"])
 
 
 @native_only
@@ -378,8 +393,11 @@ def test_a_checkpoint_of_one_worker_resumes_on_two_to_the_uninterrupted_result(j
         assert info["samples"] == r["max_samples"]
     for key in a0:
         np.testing.assert_array_equal(a0[key], a1[key], err_msg=key)
-    for i, w in enumerate(_uninterrupted_resume_run()):
+    assert i0["history"] == i1["history"]
+    weights, history = _uninterrupted_resume_run()
+    for i, w in enumerate(weights):
         np.testing.assert_allclose(a0[f"w{i}"], w, atol=1e-6, rtol=0)
+    _assert_same_training_metrics(i0["history"], history)
 
 
 @native_only

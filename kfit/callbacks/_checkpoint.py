@@ -96,7 +96,12 @@ class Checkpoint(KfitCallback):
 
     Files: ``path`` holds the newest checkpoint; with ``preserve_all`` or ``keep > 1`` each is also kept as
     ``path.<samples>``. Each file is written beside the target, fsynced, verified and renamed over it, so a
-    crash never leaves a half-written checkpoint under those names. Only the chief worker writes.
+    crash never leaves a half-written checkpoint under those names. Only the chief worker writes. With several
+    workers, each keeps the training metrics of its own share: a checkpoint taken inside an epoch at a step every
+    worker saves at (this frequency, ``max_samples``) holds every worker's metric state, and each worker of the
+    resumed run gets its own back, so the epoch's logs are the uninterrupted run's. Resumed on another number of
+    workers, rank 0 gets their sums and the others start at zero: a metric whose state is a sum over samples
+    (the loss, means, accuracies) then counts every sample of the epoch, to float rounding.
 
     A checkpoint is taken when the clock crosses a multiple of ``frequency`` samples (when that step ends an
     epoch, at the epoch's end, after its history and validation), or every ``epochs`` epochs, and once at
@@ -363,23 +368,42 @@ class Checkpoint(KfitCallback):
             self._stop_for_preemption(epoch, logs)
 
     def on_step_end(self, clock: Clock, logs: dict | None) -> None:
+        crossed = self.interval is not None and clock.crossed(self.interval)
+        at_epoch_end = bool(clock.epoch_size) and clock.samples_in_epoch == 0
+        worker_metrics = self._worker_metrics(clock, crossed and not at_epoch_end)
         if self._training_ends(clock) and clock.samples_in_epoch:
             # Training stops in the middle of an epoch (max_samples, stop_training): the final checkpoint is
             # this step's state, before the partial epoch is closed, so that a run resumed from it (say with
             # a larger max_samples) goes on exactly as one that never stopped. The partial epoch's history entry
             # is added when the epoch ends (see _save_stopped_step).
-            self._save(keep_step=True)
+            self._save(keep_step=True, worker_metrics=worker_metrics)
             return
-        if self.interval is None or not clock.crossed(self.interval):
+        if not crossed:
             return
-        if clock.epoch_size and clock.samples_in_epoch == 0:
+        if at_epoch_end:
             self._pending = True  # save after the epoch's end (history, validation, epoch callbacks)
         else:
-            self._save()
+            self._save(worker_metrics=worker_metrics)
+
+    def _worker_metrics(self, clock: Clock, saves_mid_epoch: bool) -> list | None:
+        """Every worker's training-metric variables (``[rank][i]``), gathered on every worker at a step where all of
+        them save inside an epoch (``saves_mid_epoch``: this checkpoint's frequency; or a bound of the run reached),
+        so that a run resumed from it goes on with each worker's own metrics; None with one worker, or at any other
+        step (a stop decided by some workers only: the checkpoint then holds rank 0's alone)."""
+        if not self.training_run.gathers_worker_metrics:
+            return None
+        if not (saves_mid_epoch or (clock.samples_in_epoch and self._bound_reached(clock))):
+            return None
+        from kfit.distributed import _state as collective
+
+        model = self.training_model
+        return collective.gather_arrays([_backend.read_variable(model, v) for v in model.metrics_variables],
+                                        "kfit.checkpoint.metrics")
 
     def _training_ends(self, clock: Clock) -> bool:
-        if self._model.stop_training:
-            return True
+        return bool(self._model.stop_training) or self._bound_reached(clock)
+
+    def _bound_reached(self, clock: Clock) -> bool:
         run = self.training_run
         if not clock.epoch_size:  # a source whose epoch length is not known yet: only max_samples ends it here
             return run.max_samples is not None and clock.samples >= run.max_samples
@@ -586,13 +610,17 @@ class Checkpoint(KfitCallback):
         return None if clock is None else clock.samples
 
     # -- saving ----------------------------------------------------------------------------------
-    def _save(self, epoch: int | None = None, logs: dict | None = None, keep_step: bool = False) -> None:
+    def _save(self, epoch: int | None = None, logs: dict | None = None, keep_step: bool = False,
+              worker_metrics: list | None = None) -> None:
         if not self._chief():
             return
+        from kfit import distributed
+
         self._wait_writer()  # its buffers are reused; a failed write is raised (or warned about) here
         parts = self.training_run
         # collect() syncs the loop's state into the variables on JAX (as self.model does): at save time only.
-        arrays, meta = _state.collect(parts, self._buffers if self.async_write else None, epoch, logs)
+        arrays, meta = _state.collect(parts, self._buffers if self.async_write else None, epoch, logs,
+                                      workers=distributed.size(), worker_metrics=worker_metrics)
         if keep_step:
             self._stopped_step = ({name: np.array(array, copy=True) for name, array in arrays.items()}, meta)
         self._write(arrays, meta)

@@ -84,9 +84,13 @@ def resume(run: Run, path: str, resume_finished: bool = False, params: dict | No
         return None
     file, meta, arrays, damaged = found
     loop = run.loop
+    from kfit import distributed
+
     # A loop that restarts the epoch (model.fit) resets the metrics: restoring them would only raise warnings.
+    # (Each worker gets its share of the saved workers' training metrics.)
     try:
-        plan = _state.plan_restore(run, meta, arrays, file, metrics=loop.exact_resume)
+        plan = _state.plan_restore(run, meta, arrays, file, metrics=loop.exact_resume, rank=distributed.rank(),
+                                   size=distributed.size())
     except CheckpointMismatchError as mismatch:
         raise CheckpointMismatchError(
             f"{mismatch} To start over instead of resuming: pass restore=False to Checkpoint, or delete "

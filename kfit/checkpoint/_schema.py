@@ -13,6 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 ARRAY_REF = "__kfit_array__"
+#: The arrays of every worker's training-metric variables but rank 0's (which are the ``metrics`` group):
+#: ``worker_metrics/<rank>/<i>``, the ``i``-th of ``meta.variables.metrics`` (see ``meta.workers``).
+WORKER_METRICS = "worker_metrics"
 
 
 class SchemaError(ValueError):
@@ -41,6 +44,7 @@ BOOL = _type("true or false", lambda v: isinstance(v, bool))
 INT = _type("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
 COUNT = _type("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
 SHUFFLE = _type('true, false or "batch"', lambda v: isinstance(v, bool) or v == "batch")
+POSITIVE = _type("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)
 NUMBER = _type("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
@@ -122,6 +126,9 @@ META: Spec = record({
     "arrays": list_of(record({"name": STR, "shape": list_of(COUNT), "dtype": STR}, {"crc32": INT})),
 }, {
     "run": record({"status": STR}, {"reason": optional(STR)}),  # (older files hold no run status)
+    # The workers that trained (older files: one) and how many of them have their metric states in the file:
+    # every one's, or rank 0's only (1).
+    "workers": record({"count": POSITIVE, "metric_states": POSITIVE}),
 })
 
 # Arrays every checkpoint holds, with their shapes: the random states.
@@ -156,6 +163,17 @@ def check(meta: Any) -> None:
         for i in range(len(paths)):
             if f"{group}/{i}" not in shapes:
                 raise SchemaError(f"meta.variables.{group}[{i}] has no array {group}/{i} in meta.arrays")
+    workers = meta.get("workers")
+    if workers is not None:
+        if workers["metric_states"] not in (1, workers["count"]):
+            raise SchemaError(f"meta.workers.metric_states should be 1 or meta.workers.count ({workers['count']}), "
+                              f"found {workers['metric_states']}")
+        for rank in range(1, workers["metric_states"]):
+            for i in range(len(meta["variables"]["metrics"])):
+                name = f"{WORKER_METRICS}/{rank}/{i}"
+                if shapes.get(name) != shapes[f"metrics/{i}"]:
+                    raise SchemaError(f"meta.arrays should hold {name} of the shape of metrics/{i}, "
+                                      f"{shapes[f'metrics/{i}']}, found {shapes.get(name)}")
     for name, shape in _FIXED_SHAPES.items():
         if shapes.get(name) != shape:
             raise SchemaError(f"meta.arrays should hold {name} of shape {shape}, found {shapes.get(name)}")

@@ -26,6 +26,7 @@ import numpy as np
 from kfit import _backend
 from kfit._run import Run, current_run, last_clock
 from kfit.checkpoint._format import GROUPS, CheckpointMismatchError
+from kfit.checkpoint._schema import WORKER_METRICS
 
 _ARRAY = "__kfit_array__"
 _PAIRS = "__kfit_dict__"  # a dict whose keys are not all strings: [[key, value], ...]
@@ -323,7 +324,8 @@ def _is_number(value: Any) -> bool:
 
 
 def collect(parts: Run, buffers: dict | None = None, epoch: int | None = None,
-            epoch_logs: dict | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+            epoch_logs: dict | None = None, workers: int = 1,
+            worker_metrics: list | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The run's state as ``(arrays, meta)`` for :func:`kfit.checkpoint._format.write_file`.
 
     Args:
@@ -331,6 +333,9 @@ def collect(parts: Run, buffers: dict | None = None, epoch: int | None = None,
         buffers: host buffers to copy the variables into (kept between calls, so a copy never pays for fresh
             memory); None returns views of the variables, valid until the next training step.
         epoch, epoch_logs: the epoch that just ended and its logs, when saving at an epoch end.
+        workers: the number of workers training (each keeps the training metrics of its own share).
+        worker_metrics: every worker's metric variables, ``[rank][i]`` (``kfit.distributed._state.gather_arrays``),
+            stored beside this process's own (rank 0's) as ``worker_metrics/<rank>/<i>``; None: only rank 0's.
     """
     import kfit
 
@@ -343,6 +348,9 @@ def collect(parts: Run, buffers: dict | None = None, epoch: int | None = None,
         paths[group] = [v.path for v in variables[group]]
         for i, variable in enumerate(variables[group]):
             arrays[f"{group}/{i}"] = _host(variable, f"{group}/{i}", buffers)
+    for rank, values in enumerate(worker_metrics or []):
+        for i, value in enumerate(values if rank else []):  # (rank 0's are the "metrics" group's)
+            arrays[f"{WORKER_METRICS}/{rank}/{i}"] = np.array(value, copy=True)
     callback_states = {
         key: _encode(callback.get_state(), arrays, "callbacks", f"The state of callback {key!r}")
         for key, callback in stateful_callbacks(parts.callbacks).items()
@@ -358,6 +366,7 @@ def collect(parts: Run, buffers: dict | None = None, epoch: int | None = None,
         "model": {"name": model.name, "class": type(model).__name__},
         "optimizer": None if optimizer is None else {"name": optimizer.name, "class": type(optimizer).__name__},
         "variables": paths,
+        "workers": {"count": workers, "metric_states": len(worker_metrics) if worker_metrics else 1},
         "clock": None if parts.clock is None else _encode(parts.clock.get_state(), arrays, "clock", "clock"),
         "stream": None if parts.stream is None else _encode(parts.stream.get_state(), arrays, "stream", "stream"),
         "callbacks": callback_states,
@@ -447,6 +456,7 @@ class _Restore:
     history: dict | None = None
     notes: list = field(default_factory=list)
     file: str = ""
+    reset_metrics: bool = False  # this worker's training metrics start from their reset state
 
 
 def _build_optimizer(model: Any, meta: dict, file: str) -> None:
@@ -470,10 +480,64 @@ def _build_optimizer(model: Any, meta: dict, file: str) -> None:
         optimizer.build(model.trainable_variables)
 
 
-def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool = True) -> _Restore:
+def _worker_metrics(model: Any, variables: list, meta: dict, arrays: dict, file: str, rank: int,
+                    size: int) -> tuple[list | None, list[str]]:
+    """``(pairs, notes)``: this worker's training-metric variables paired with their saved values, or None where they
+    start from their reset state.
+
+    Each worker keeps the metrics of its own share, and the epoch's logs combine the workers' results weighted by
+    the samples each trained. On as many workers as saved the checkpoint, each gets its own state back (exact).
+    On another number, worker 0 gets the sum of the saved states and the others start at zero: for a metric
+    whose state is a sum over samples (the loss, a mean, an accuracy) the combined result is then the one over
+    every sample the epoch trained, up to float rounding. A metric with another kind of state goes on from saved
+    worker 0's alone (a note names it)."""
+    saved = meta["variables"]["metrics"]
+    workers = meta.get("workers") or {"count": 1, "metric_states": 1}  # (older files: rank 0's state, as one worker's)
+    count, known = workers["count"], workers["metric_states"]
+
+    def state(r: int) -> dict:
+        return {f"metrics/{i}": arrays[f"metrics/{i}" if r == 0 else f"{WORKER_METRICS}/{r}/{i}"] for i in range(len(saved))}
+
+    first = _match_group("metrics", variables, saved, state(0), file)  # (checked on every worker alike)
+    notes = []
+    if known < count and rank == 0:
+        notes.append(
+            f"The checkpoint {file!r} holds the training metrics of worker 0 only, of the {count} workers that "
+            "trained (it was written at a step the workers had not all agreed to save at: on SIGTERM, or as one "
+            "worker stopped training): the training metrics of the epoch it resumes in leave out what the other "
+            "workers trained in it before the checkpoint."
+        )
+    if count == size:
+        return (_match_group("metrics", variables, saved, state(rank), file) if rank < known else None), notes
+    if rank != 0:
+        return None, notes
+    if known == 1:
+        return first, notes
+    summed = {name: np.sum([state(r)[name].astype(np.float64) for r in range(known)], axis=0).astype(array.dtype)
+              for name, array in state(0).items()}
+    from kfit.distributed import _evaluation
+
+    additive = {id(v) for v in _evaluation.additive_metric_variables(model)}
+    pairs, alone = [], []
+    for (variable, value), (_, total) in zip(first, _match_group("metrics", variables, saved, summed, file), strict=True):
+        pairs.append((variable, total if id(variable) in additive else value))
+        if id(variable) not in additive:
+            alone.append(variable.path)
+    if alone:
+        notes.append(
+            f"The checkpoint {file!r} was written by {count} workers and is resumed on {size}: the metric variables "
+            f"{alone} do not hold sums over samples, so the epoch it resumes in counts, of what was trained in it "
+            "before the checkpoint, only saved worker 0's share in them."
+        )
+    return pairs, notes
+
+
+def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool = True, rank: int = 0,
+                 size: int = 1) -> _Restore:
     """Checks that the checkpoint fits the run and prepares every assignment; changes nothing.
 
-    With ``metrics`` the metric variables are restored too, when they fit (a note says so otherwise).
+    With ``metrics`` the metric variables are restored too, when they fit (a note says so otherwise): worker
+    ``rank`` of ``size`` gets its share of the saved workers' training metrics (see :func:`_worker_metrics`).
     """
     model = parts.model
     restore = _Restore(file=file)
@@ -493,9 +557,13 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
         restore.assignments += _match_group(group, variables[group], meta["variables"][group], arrays, file)
     if metrics and meta["variables"]["metrics"] and variables["metrics"]:  # unbuilt metrics: nothing to restore
         try:
-            restore.assignments += _match_group("metrics", variables["metrics"], meta["variables"]["metrics"], arrays, file)
+            pairs, notes = _worker_metrics(model, variables["metrics"], meta, arrays, file, rank, size)
         except CheckpointMismatchError as mismatch:
             restore.notes.append(f"The training metrics are not restored (they start afresh): {mismatch}")
+        else:
+            restore.notes += notes
+            restore.assignments += pairs or []
+            restore.reset_metrics = pairs is None
 
     saved_stream = meta.get("stream") or None
     if saved_stream is not None and parts.stream is not None and (
@@ -576,6 +644,8 @@ def apply_restore(parts: Run, restore: _Restore, meta: dict, arrays: dict, rando
         ) from error
     model = parts.model
     _backend.sync_model(model)
+    if restore.reset_metrics:
+        model.reset_metrics()
     for variable, array in restore.assignments:
         variable.assign(array)
     if restore.history is not None:

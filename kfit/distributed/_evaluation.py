@@ -36,6 +36,13 @@ def _additive_classes() -> tuple[type, ...]:
     )
 
 
+def additive_metric_variables(model: Any) -> list:
+    """The variables of ``model``'s metrics whose state is a sum over samples (the Keras classes above): the sum
+    of two workers' values of such a variable is the value one worker would hold after both shares."""
+    additive = _additive_classes()
+    return [v for metric in leaf_metrics(model) or [] if isinstance(metric, additive) for v in metric.variables]
+
+
 def share(num_samples: int, rank: int, size: int) -> tuple[int, int]:
     """Rows ``[lo, hi)`` of ``num_samples`` that worker ``rank`` of ``size`` evaluates: contiguous shares
     whose lengths differ by at most one, in rank order (the first shares are the shorter ones).

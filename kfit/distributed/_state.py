@@ -125,6 +125,32 @@ def check_same_data(num_samples: int, signature: str, what: str = "training data
                          f"shapes or dtypes: rank {rank} holds {signature}, rank(s) {others} something else. {fix}")
 
 
+def gather_arrays(arrays: list[np.ndarray], name: str = "kfit.gather") -> list[list[np.ndarray]]:
+    """Every worker's ``arrays``, on every worker: ``result[rank][i]`` is worker ``rank``'s ``arrays[i]``, bit for bit.
+
+    One allreduce of a ``(size, n)`` float64 matrix in which each worker fills its own row and leaves the others
+    zero: adding zeros changes no value, so floating-point values of up to 64 bits (and integers below 2**53)
+    come back exactly, in their own dtypes. Every worker must pass arrays of the same shapes and dtypes.
+    """
+    engine = _select.current()
+    flat = [np.asarray(a).astype(np.float64).ravel() for a in arrays]
+    width = sum(a.size for a in flat)
+    matrix = np.zeros((engine.size(), width), dtype=np.float64)
+    if flat:
+        matrix[engine.rank()] = np.concatenate(flat)
+    engine.before_host_collective()
+    (total,) = engine.host_sum([matrix], name)
+    gathered = []
+    for row in total:
+        offset, values = 0, []
+        for array in arrays:
+            array = np.asarray(array)
+            values.append(row[offset:offset + array.size].reshape(array.shape).astype(array.dtype))
+            offset += array.size
+        gathered.append(values)
+    return gathered
+
+
 def local_sample_count(model: Any) -> float:
     """The samples this worker trained on since the metrics were reset (the loss tracker's count), or 1."""
     for metric in getattr(model, "metrics", []):

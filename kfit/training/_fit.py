@@ -373,6 +373,7 @@ class _RunControl(keras.callbacks.Callback):
             from kfit import distributed
 
             distributed.broadcast_training_state(model)
+            fit.run.gathers_worker_metrics = _same_checkpoints_on_every_worker(fit.callbacks)
         if fit.stream is not None:
             fit.stream.position = clock.samples
         # Nothing left to train: the bounds are reached, a restored run had finished, or one of kfit's controllers
@@ -454,6 +455,18 @@ class _RunControl(keras.callbacks.Callback):
             variable.assign(value)
         self._restored_values = []
         self.fit.run.resumed_mid_epoch = False
+
+
+def _same_checkpoints_on_every_worker(callbacks: list) -> bool:
+    """Data-parallel runs: whether every worker has checkpoints that save at the same steps (rank 0's list of their
+    frequencies, compared by every worker; two collectives as training begins). Only then do the workers gather
+    their training-metric states at a checkpoint's step: one without that checkpoint would never join in."""
+    from kfit import distributed
+    from kfit.distributed import _state as collective
+
+    mine = [repr(getattr(c, "interval", None)) for c in callbacks if getattr(c, "writes_checkpoints", False)]
+    chiefs = collective.broadcast_json(mine, 0, "kfit.checkpoints")
+    return not distributed.any_true(chiefs != mine) and bool(mine)
 
 
 class _CountStep(keras.callbacks.Callback):

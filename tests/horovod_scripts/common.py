@@ -85,8 +85,14 @@ def resume_model() -> keras.Model:
     import kfit
 
     net = model(7)
-    net.compile(optimizer=kfit.optimizers.MomentumSGD(RESUME["lr"], momentum=RESUME["momentum"]), loss="mse")
+    net.compile(optimizer=kfit.optimizers.MomentumSGD(RESUME["lr"], momentum=RESUME["momentum"]), loss="mse",
+                metrics=["mae"])
     return net
+
+
+def history(h) -> dict[str, list[float]]:
+    """A ``History``'s values as JSON (exact: floats round-trip)."""
+    return {key: [float(v) for v in values] for key, values in h.history.items()}
 
 
 def warmup_lr(epoch: int, batch: int, size: int) -> float | None:

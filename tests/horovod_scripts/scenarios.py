@@ -211,14 +211,14 @@ def scenario_model_fit() -> None:
 
 
 # -- resume ------------------------------------------------------------------------------------------
-def run_resume(path: str) -> tuple[keras.Model, object]:
+def run_resume(path: str) -> tuple[keras.Model, object, dict]:
     r = common.RESUME
     x, y = common.data(r["num_samples"], seed=4)
     net = common.resume_model()
     checkpoint = kfit.callbacks.Checkpoint(path, frequency=r["frequency"], restore=True, async_write=False)
-    kfit.fit(net, x, y, minibatch_size=r["minibatch_size"], max_samples=r["max_samples"], seed=r["seed"], verbose=0,
-             callbacks=[checkpoint])
-    return net, checkpoint
+    h = kfit.fit(net, x, y, minibatch_size=r["minibatch_size"], max_samples=r["max_samples"], seed=r["seed"],
+                 verbose=0, callbacks=[checkpoint])
+    return net, checkpoint, common.history(h)
 
 
 def scenario_resume() -> None:
@@ -227,8 +227,8 @@ def scenario_resume() -> None:
     except (AttributeError, ImportError) as error:
         common.save(out("resume"), {}, {"unavailable": repr(error)})
         return
-    resumed, checkpoint = run_resume(os.path.join(OUT, "resume", "model.ckpt"))
-    fresh, _ = run_resume(os.path.join(OUT, "fresh", "model.ckpt"))
+    resumed, checkpoint, resumed_history = run_resume(os.path.join(OUT, "resume", "model.ckpt"))
+    fresh, _, fresh_history = run_resume(os.path.join(OUT, "fresh", "model.ckpt"))
     arrays = {f"resumed_w{i}": w for i, w in enumerate(common.weights(resumed))}
     arrays.update({f"resumed_{k}": v for k, v in optimizer_arrays(resumed).items()})
     arrays.update({f"fresh_w{i}": w for i, w in enumerate(common.weights(fresh))})
@@ -236,6 +236,7 @@ def scenario_resume() -> None:
     info = {
         "restored_samples": getattr(checkpoint.restored_from, "samples", None),
         "samples": [kfit.get_clock(resumed).samples, kfit.get_clock(fresh).samples],
+        "history": {"resumed": resumed_history, "fresh": fresh_history},  # the resumed epoch's training metrics
     }
     common.save(out("resume"), arrays, info)
 
