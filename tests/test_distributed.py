@@ -256,6 +256,10 @@ def test_sigterm_on_one_worker_saves_that_step_stops_every_worker_and_resumes_ex
         if key.startswith("resumed_"):
             np.testing.assert_array_equal(a0[key], a0["fresh_" + key[len("resumed_"):]], err_msg=key)
             np.testing.assert_array_equal(a0[key], a1[key], err_msg=key)
+    # So are the training metrics of the epoch it was stopped in: the checkpoint held every worker's partial sums.
+    history = i0["history"]
+    assert history["resumed"].keys() == {"loss", "mae"} and len(history["resumed"]["loss"]) == common.PREEMPT["epochs"]
+    assert history["resumed"] == history["fresh"] and i1["history"] == history
 
 
 @pytest.mark.horovod

@@ -394,6 +394,10 @@ class Checkpoint(KfitCallback):
             return None
         if not (saves_mid_epoch or (clock.samples_in_epoch and self._bound_reached(clock))):
             return None
+        return self._gather_worker_metrics()
+
+    def _gather_worker_metrics(self) -> list:
+        """Every worker's training-metric variables (``[rank][i]``): a collective every worker calls at the same step."""
         from kfit.distributed import _state as collective
 
         model = self.training_model
@@ -569,8 +573,12 @@ class Checkpoint(KfitCallback):
         failed_before = self.failed_writes
         failure: BaseException | None = None
         try:
+            clock = self.training_run.clock
+            worker_metrics = None  # (a save inside an epoch: each worker's metrics, as at a save at its frequency)
+            if epoch is None and self.training_run.gathers_worker_metrics and clock is not None and clock.samples_in_epoch:
+                worker_metrics = self._gather_worker_metrics()  # every worker is here, at the same step (agreed)
             if self._steps_unsaved:
-                self._save(epoch, logs)
+                self._save(epoch, logs, worker_metrics=worker_metrics)
             self._wait_writer()
         except BaseException as error:  # raised once the other workers know (they must not wait for this one)
             failure = error

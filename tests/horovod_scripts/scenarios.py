@@ -257,14 +257,14 @@ class SigtermOnRankOne(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGTERM)  # one node of a multi-node job preempted
 
 
-def run_preempt(path: str, callbacks: list) -> keras.Model:
+def run_preempt(path: str, callbacks: list) -> tuple[keras.Model, dict]:
     p = common.PREEMPT
     x, y = common.data(p["num_samples"], seed=12)
     net = common.resume_model()
     checkpoint = kfit.callbacks.Checkpoint(path, epochs=1, save_on_preemption=True, async_write=False)
-    kfit.fit(net, x, y, minibatch_size=p["minibatch_size"], epochs=p["epochs"], seed=p["seed"], verbose=0,
-             callbacks=[*callbacks, checkpoint])
-    return net
+    h = kfit.fit(net, x, y, minibatch_size=p["minibatch_size"], epochs=p["epochs"], seed=p["seed"], verbose=0,
+                 callbacks=[*callbacks, checkpoint])
+    return net, common.history(h)
 
 
 def scenario_preempt() -> None:
@@ -283,8 +283,9 @@ def scenario_preempt() -> None:
     if RANK == 0:  # the file rank 0 wrote, before anything else touches it
         saved = kfit.checkpoint.read_checkpoint_info(path)
         info["saved"] = {"samples": saved.samples, "status": saved.status}
-    resumed = run_preempt(path, [])
-    fresh = run_preempt(os.path.join(OUT, "preempt_fresh", "model.ckpt"), [])
+    resumed, resumed_history = run_preempt(path, [])
+    fresh, fresh_history = run_preempt(os.path.join(OUT, "preempt_fresh", "model.ckpt"), [])
+    info["history"] = {"resumed": resumed_history, "fresh": fresh_history}  # the preempted epoch's training metrics
     arrays = {f"resumed_w{i}": w for i, w in enumerate(common.weights(resumed))}
     arrays.update({f"resumed_{k}": v for k, v in optimizer_arrays(resumed).items()})
     arrays.update({f"fresh_w{i}": w for i, w in enumerate(common.weights(fresh))})
