@@ -265,13 +265,18 @@ def test_a_minibatch_of_fewer_samples_than_workers_trains_as_one_process(uneven)
 
 
 @native_only
-def test_workers_given_different_training_data_refuse_it_naming_each_workers_length(uneven):
+def test_workers_given_different_training_data_or_minibatches_refuse_them_naming_what_differs(uneven):
     for _, info in uneven:
         length, dtype = info["different_data"]["length"], info["different_data"]["dtype"]
         assert length is not None and "different lengths (rank 0: 41, rank 1: 39 samples)" in length, length
         assert "give every worker the same full data" in length and "kfit shards it itself" in length
         assert dtype is not None and "41 samples each, but with arrays of different shapes or dtypes" in dtype, dtype
     assert "float32" in uneven[0][1]["different_data"]["dtype"] and "float64" in uneven[1][1]["different_data"]["dtype"]
+    for rank, (_, info) in enumerate(uneven):  # (it ended in a collective's failure or a timeout blaming a lost worker)
+        size = info["different_data"]["minibatch_size"]
+        assert size is not None and "The workers were given different kfit.fit settings: rank " in size, size
+        assert f"rank {rank} has minibatch_size={8 + rank} (the first), epoch_size=41" in size, size
+        assert "give every worker the same minibatch_size, epoch_size, epochs, max_samples, shuffle and seed" in size
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="the JAX engine's in-step collective")

@@ -95,9 +95,11 @@ def broadcast_training_state(model: Any, root_rank: int = 0) -> None:
         stream.position = state["position"]
 
 
-def check_same_data(num_samples: int, signature: str, what: str = "training data") -> None:
+def check_same_data(num_samples: int, signature: str, what: str = "training data", settings: str = "") -> None:
     """Refuses, on every worker, training data that differs between the workers in its number of samples or in its
-    arrays' shapes past the first axis and dtypes (``signature``): one host sum, as training begins.
+    arrays' shapes past the first axis and dtypes (``signature``), and a run whose ``settings`` (the arguments that
+    fix the global minibatches: their size, the epoch, the bound, the shuffle and its seed) differ: one host sum, as
+    training begins.
 
     Data-parallel ``kfit.fit`` cuts each global minibatch into the workers' shares of the same sample stream; workers
     given different data (e.g. each its own shard) would count different epochs and schedules and train apart.
@@ -109,11 +111,12 @@ def check_same_data(num_samples: int, signature: str, what: str = "training data
 
     engine = _select.current()
     size, rank = engine.size(), engine.rank()
-    table = np.zeros((2, size), dtype=np.int64)
+    table = np.zeros((3, size), dtype=np.int64)
     table[0, rank] = int(num_samples)
     table[1, rank] = zlib.crc32(signature.encode())
+    table[2, rank] = zlib.crc32(settings.encode())
     (table,) = engine.host_sum([table], "kfit.same_data")
-    lengths, signatures = table[0].tolist(), table[1].tolist()
+    lengths, signatures, runs = table[0].tolist(), table[1].tolist(), table[2].tolist()
     fix = (f"Data-parallel kfit.fit reads each worker's share of the same {what}: give every worker the same full "
            f"data (load the whole data set on every worker; kfit shards it itself, do not shard it yourself).")
     if len(set(lengths)) > 1:
@@ -123,6 +126,11 @@ def check_same_data(num_samples: int, signature: str, what: str = "training data
         others = ", ".join(str(r) for r, s in enumerate(signatures) if s != signatures[rank])
         raise ValueError(f"The workers were given {what} of {lengths[0]} samples each, but with arrays of different "
                          f"shapes or dtypes: rank {rank} holds {signature}, rank(s) {others} something else. {fix}")
+    if len(set(runs)) > 1:
+        others = ", ".join(str(r) for r, s in enumerate(runs) if s != runs[rank])
+        raise ValueError(f"The workers were given different kfit.fit settings: rank {rank} has {settings}, rank(s) "
+                         f"{others} something else. Every worker trains its share of the same global minibatches: give "
+                         "every worker the same minibatch_size, epoch_size, epochs, max_samples, shuffle and seed.")
 
 
 def gather_arrays(arrays: list[np.ndarray], name: str = "kfit.gather") -> list[list[np.ndarray]]:

@@ -631,10 +631,7 @@ class _StreamFit:
             self.stream = SampleStream(x, y, sample_weight, shuffle=o.shuffle, seed=o.seed or 0,
                                        rank=distributed.rank(), num_workers=distributed.size())
         if self.distributed:  # a worker whose share of a global minibatch is empty trains a padding row, or refuses
-            from kfit.distributed import _optimizer, _state
-
-            signature = self.stream.signature() if isinstance(self.stream, SampleStream) else type(x).__name__
-            _state.check_same_data(self.stream.num_samples, signature)
+            from kfit.distributed import _optimizer
 
             self.stream.pads_empty_shares = _optimizer.pads_empty_shares()
         # Without a size, Keras's: a PyDataset's own batch size, else 32.
@@ -656,6 +653,13 @@ class _StreamFit:
                            if b is not None)
         self.num_epochs = math.ceil(self.stop_at / self.epoch_size)
         self.prefetch = o.prefetch if o.prefetch is not None else 0 if getattr(self.stream, "in_memory", False) else 2
+        if self.distributed:  # the same data and the same global minibatches on every worker, or a clear error
+            from kfit.distributed import _state
+
+            signature = self.stream.signature() if isinstance(self.stream, SampleStream) else type(x).__name__
+            settings = (f"minibatch_size={self.size_at(0, 0)} (the first), epoch_size={self.epoch_size}, "
+                        f"samples={self.stop_at}, shuffle={o.shuffle!r}, seed={o.seed!r}")
+            _state.check_same_data(self.stream.num_samples, signature, settings=settings)
         return validation_data
 
     def _init_source(self, x: Any, y: Any, sample_weight: Any, o: FitOptions, saves: bool) -> None:

@@ -48,12 +48,17 @@ n = common.REMAINDER["num_samples"]
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     remainder_history = kfit.fit(remainder, x[:n], y[:n], sample_weight=sample_weight[:n], **common.remainder_kwargs())
-# Workers given different training data (each its own length; then the same length with another dtype): refused.
+# Workers given different training data (each its own length; then the same length with another dtype), or
+# another minibatch size: refused.
 refused = {}
-for case, (xs, ys) in {"length": (x[:41 - 2 * rank], y[:41 - 2 * rank]),
-                       "dtype": (x.astype("float64") if rank == 1 else x, y)}.items():
+for case, (xs, ys, size) in {"length": (x[:41 - 2 * rank], y[:41 - 2 * rank], None),
+                             "dtype": (x.astype("float64") if rank == 1 else x, y, None),
+                             "minibatch_size": (x, y, 8 + rank)}.items():
+    kwargs = {**common.uneven_kwargs(), "epochs": 1}
+    if size is not None:
+        kwargs["minibatch_size"] = size
     try:
-        kfit.fit(common.uneven_model(), xs, ys, **{**common.uneven_kwargs(), "epochs": 1})
+        kfit.fit(common.uneven_model(), xs, ys, **kwargs)
         refused[case] = None
     except ValueError as error:
         refused[case] = str(error)
