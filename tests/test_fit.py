@@ -105,6 +105,25 @@ def test_class_weight_follows_keras_rules_for_soft_labels_and_missing_classes(la
         np.testing.assert_allclose(wa, wb, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+@pytest.mark.parametrize("targets", ["list of one array", "dict of two arrays"])
+def test_class_weight_with_targets_given_as_a_list_or_dict_is_refused_as_by_model_fit(loop, targets):
+    """Keras refuses ``class_weight`` for ``y`` given as a list or dict, even of one array: kfit's loop trained on."""
+    x, labels = classification_data(48)
+    y = [labels] if targets == "list of one array" else {"a": labels, "b": labels}
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(8)(inputs)
+    outputs = [keras.layers.Dense(3, name="a")(hidden)]
+    if targets != "list of one array":
+        outputs.append(keras.layers.Dense(3, name="b")(hidden))
+    model = compiled(keras.Model(inputs, outputs), loss="sparse_categorical_crossentropy")
+    fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+    before = weights(model)
+    with pytest.raises(ValueError, match="only supported for [mM]odels with a single output"):
+        fit(x, y, batch_size=8, epochs=1, class_weight={0: 1.0, 1: 2.0}, verbose=0)
+    assert all(np.array_equal(a, b) for a, b in zip(before, weights(model)))
+
+
 def test_stream_loop_without_shuffle_trains_like_model_fit():
     x, y = regression_data(50)
     a = compiled(mlp(), metrics=["mae"])

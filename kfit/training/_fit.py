@@ -59,12 +59,13 @@ def _split_validation(x: Any, y: Any, sample_weight: Any, split: float) -> tuple
 
 
 def _class_weights(y: Any, class_weight: dict) -> np.ndarray:
-    leaves = [a for a in flatten(y) if a is not None]
-    if len(leaves) != 1:
-        raise ValueError("`class_weight` needs a single target array `y` (one output). Use `sample_weight` for several outputs.")
+    if keras.tree.is_nested(y):  # Keras's rule: a list or dict of targets is refused, even of one array
+        raise ValueError("`class_weight` is only supported for models with a single output, given `y` as one array "
+                         f"(as in model.fit); y is a {type(y).__name__} of {len(flatten(y))} array(s). Give y as an "
+                         "array, or weigh several outputs with `sample_weight` (one array per output).")
     # Keras's rule (class_weight_to_sample_weights): one-hot rows by their largest entry, labels rounded to the
     # nearest class, a class without a weight weighs 1.
-    labels = np.asarray(leaves[0])
+    labels = np.asarray(y)
     if labels.ndim > 1 and labels.shape[-1] > 1:
         labels = labels.argmax(axis=-1)
     labels = np.round(labels.reshape(len(labels), -1)[:, 0]).astype(np.int32)
