@@ -1096,3 +1096,42 @@ def test_validation_split_of_a_string_tensor_trains_as_in_model_fit():
         assert history.history.keys() == expected_history.history.keys()
         for key, values in expected_history.history.items():
             np.testing.assert_allclose(history.history[key], values, rtol=1e-6)
+
+
+class ValidationSteps(keras.callbacks.Callback):
+    """Counts the steps of each validation."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps: list[int] = []
+
+    def on_test_begin(self, logs=None):
+        self.steps.append(0)
+
+    def on_test_batch_end(self, batch, logs=None):
+        self.steps[-1] += 1
+
+
+@pytest.mark.parametrize("batch_size", [None, 8, "validation_batch_size"])
+def test_validation_of_a_run_on_a_pydataset_takes_the_minibatch_size_model_fit_takes(batch_size):
+    """``model.fit`` validates in ``validation_batch_size or batch_size`` (None: Keras's 32), never in the training
+    PyDataset's own batch size: kfit's loop validated 70 rows in 9 steps of the dataset's 8 where model.fit takes 3
+    steps of 32 (what every ``on_test_batch_*`` callback counts, and the validation losses' rounding)."""
+    x, y = regression_data(48)
+    validation = regression_data(70, seed=3)
+    options = {"validation_batch_size": 20} if batch_size == "validation_batch_size" else {"batch_size": batch_size}
+
+    def train(loop):
+        keras.utils.set_random_seed(4)
+        model = compiled(mlp())
+        steps = ValidationSteps()
+        fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+        history = fit(ReshufflingDataset(x, y, 8), epochs=2, shuffle=False, verbose=0, validation_data=validation,
+                      callbacks=[steps], **options)
+        return model, history, steps.steps
+
+    expected, expected_history, expected_steps = train("model.fit")
+    looped, history, steps = train("kfit.fit")
+    assert steps == expected_steps == {None: [3, 3], 8: [9, 9], "validation_batch_size": [4, 4]}[batch_size]
+    assert_same_weights(expected, looped)
+    assert history.history == expected_history.history

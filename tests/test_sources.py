@@ -844,3 +844,32 @@ def test_a_schedule_on_sparse_data_is_refused_for_what_sparse_data_is():
     x = scipy_sparse.csr_matrix(np.where(np.abs(X) > 0.8, X, 0.0).astype("float32"))
     with pytest.raises(ValueError, match="x is a csr_matrix, which is sparse, which Keras's own adapter reads .*Give the data as arrays"):
         kfit.fit(compiled(mlp()), x, Y, minibatch_size=kfit.schedules.minibatch_size([8, 16], epoch_size=50), verbose=0)
+
+
+def test_validation_of_a_run_on_a_dataloader_takes_the_minibatch_size_model_fit_takes():
+    """``model.fit`` validates in ``validation_batch_size or batch_size`` (None: Keras's 32): kfit's loop validated in
+    the training DataLoader's own batch size, 8 (9 steps for 70 rows where model.fit takes 3)."""
+    validation = regression_data(70, seed=3)
+
+    class ValidationSteps(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.steps = []
+
+        def on_test_begin(self, logs=None):
+            self.steps.append(0)
+
+        def on_test_batch_end(self, batch, logs=None):
+            self.steps[-1] += 1
+
+    results = []
+    for loop in ("model.fit", "kfit.fit"):
+        model = compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9))
+        counter = ValidationSteps()
+        fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+        history = fit(torch_loader(), epochs=2, verbose=0, validation_data=validation, callbacks=[counter])
+        results.append((weights(model), history.history, counter.steps))
+    (w_keras, h_keras, steps_keras), (w_kfit, h_kfit, steps_kfit) = results
+    assert steps_kfit == steps_keras == [3, 3]
+    for a, b in zip(w_keras, w_kfit):
+        np.testing.assert_array_equal(a, b)
+    assert h_kfit == h_keras

@@ -752,7 +752,7 @@ class _StreamFit:
     # -- the run ---------------------------------------------------------------------------------
     def _feed(self) -> tuple[Any, Any, Any, int | None]:
         """What ``model.fit`` reads: the adapter, the clock's driver, a first batch to build the model with,
-        and the validation minibatch size."""
+        and the size of the first minibatch."""
         clock = self.clock
         if self.source is not None:
             first = self.source.peek(draws=_backend.fit_reads_a_first_batch(self.model))
@@ -790,6 +790,16 @@ class _StreamFit:
         self.first_host = _padding.pad_batch(first, rows) if self.pads else first
         return adapter, PlanDriver(self.model, adapter, self.run), _backend.to_tensors(first), self.fixed_size or first_size
 
+    def _validation_batch_size(self, first_size: int | None) -> int | None:
+        """Keras's ``validation_batch_size or batch_size``: the minibatch size the user gave (a schedule's first
+        size), else None, Keras's default (not the batch size of a PyDataset or DataLoader, as under model.fit)."""
+        o = self.options
+        if o.validation_batch_size is not None:
+            return o.validation_batch_size
+        if o.minibatch_size is None:
+            return None
+        return o.fixed_minibatch_size or first_size
+
     def train(self) -> keras.callbacks.History:
         from kfit import distributed
 
@@ -797,7 +807,7 @@ class _StreamFit:
         _run.start(self.run)
         adapter = None
         try:
-            adapter, self.run.driver, first, validation_size = self._feed()
+            adapter, self.run.driver, first, first_size = self._feed()
             extra: list = [_RunControl(self)]
             if any(_dispatches_batch_end_synchronously(c) for c in self.callbacks):
                 extra.append(_CountStep(self.run))
@@ -838,7 +848,7 @@ class _StreamFit:
                 model.fit(
                     adapter, epochs=self.num_epochs, verbose=self.keras_verbose, callbacks=callbacks,
                     validation_data=validation_data, validation_steps=self.options.validation_steps,
-                    validation_batch_size=self.options.validation_batch_size or validation_size,
+                    validation_batch_size=self._validation_batch_size(first_size),
                     validation_freq=self.options.validation_freq, initial_epoch=0, steps_per_epoch=steps_per_epoch,
                 )
         finally:
