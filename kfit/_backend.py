@@ -601,6 +601,21 @@ def _running_epoch_iterator() -> Any:
     return None
 
 
+def warned_by_iterator_of(adapter: Any) -> bool:
+    """True when the warning being shown now was issued by the ``EpochIterator`` reading ``adapter`` (``model.fit``'s
+    training iterator over kfit's data), not by another one (a validation's, a callback's ``model.evaluate``), whose
+    "ran out of data" is the user's to see. Checked against Keras 3.10-3.15 (``EpochIterator._interrupted_warning``)."""
+    from keras.src.trainers.epoch_iterator import EpochIterator
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, EpochIterator):
+            return owner.data_adapter is adapter
+        frame = frame.f_back
+    return False
+
+
 def epoch_iterator_opened_next_pass() -> bool:
     """True when the adapter's ``on_epoch_end`` calling us is called by an ``EpochIterator`` that has just made
     the iterator for its next epoch: its loop ran a pass of known length to its end (no ``steps_per_epoch``; a

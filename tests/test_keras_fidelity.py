@@ -9,6 +9,7 @@ import functools
 import itertools
 import re
 import time
+import warnings
 
 import keras
 import numpy as np
@@ -1135,3 +1136,20 @@ def test_validation_of_a_run_on_a_pydataset_takes_the_minibatch_size_model_fit_t
     assert steps == expected_steps == {None: [3, 3], 8: [9, 9], "validation_batch_size": [4, 4]}[batch_size]
     assert_same_weights(expected, looped)
     assert history.history == expected_history.history
+
+
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+def test_validation_data_that_runs_out_before_validation_steps_is_reported_as_under_model_fit(loop):
+    """Keras warns "Your input ran out of data" when the validation data ends before ``validation_steps``: kfit's loop
+    silenced that warning with its own (an epoch kfit ends early), so a user never learnt that each validation ran
+    4 steps, not 10. Only the training iterator's is kfit's to silence."""
+    x, y = regression_data(48)
+    validation = regression_data(20, seed=3)
+    keras.utils.set_random_seed(4)
+    model = compiled(mlp())
+    fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, validation_data=validation, validation_steps=10,
+            validation_batch_size=5)
+    assert sum("Your input ran out of data" in str(w.message) for w in caught) == 2  # one per validation

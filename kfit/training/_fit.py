@@ -835,12 +835,9 @@ class _StreamFit:
                 callbacks = [_validation.CombineValidation(), *callbacks]
             with warnings.catch_warnings():
                 # Keras's "ran out of data" for an epoch kfit ends early by design: one whose plan holds fewer
-                # minibatches than declared, or the steps a resumed epoch had left. A source's own running out is
-                # Keras's to report, as under model.fit.
-                if isinstance(adapter, StreamAdapter):
-                    warnings.filterwarnings("ignore", message="Your input ran out of data")
-                else:
-                    warnings.showwarning = _unless_cut_short(warnings.showwarning, self.source)
+                # minibatches than declared, or the steps a resumed epoch had left. A source's own running out, and
+                # validation data's, are Keras's to report, as under model.fit.
+                warnings.showwarning = _unless_cut_short(warnings.showwarning, adapter, self.source)
                 steps_per_epoch = self.source.steps_per_epoch if self.source is not None else None
                 callbacks = _backend.callback_list(callbacks, model, self.keras_verbose, self.num_epochs,
                                                    steps_per_epoch or adapter.num_batches,
@@ -884,11 +881,13 @@ def _refuse_stateful_layers(model: Any) -> None:
                  if isinstance(inner, keras.layers.Layer)]
 
 
-def _unless_cut_short(show: Callable[..., None], source: SourceAdapter) -> Callable[..., None]:
-    """``show`` (``warnings.showwarning``) without Keras's "ran out of data" while ``source`` is in an epoch that
-    a resume cut short."""
+def _unless_cut_short(show: Callable[..., None], adapter: Any, source: SourceAdapter | None) -> Callable[..., None]:
+    """``show`` (``warnings.showwarning``) without Keras's "ran out of data" of the training iterator over
+    ``adapter``: kfit's stream's (an epoch kfit ended early), or while ``source`` is in an epoch that a resume cut
+    short. The same warning of the validation data, or of a callback's ``model.evaluate``, is shown."""
     def showwarning(message: Any, *args: Any, **kwargs: Any) -> None:
-        if not (source.cut_short and "Your input ran out of data" in str(message)):
+        if not ("Your input ran out of data" in str(message) and (source is None or source.cut_short)
+                and _backend.warned_by_iterator_of(adapter)):
             show(message, *args, **kwargs)
     return showwarning
 
