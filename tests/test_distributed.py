@@ -263,6 +263,18 @@ def test_sigterm_on_one_worker_saves_that_step_stops_every_worker_and_resumes_ex
 
 
 @pytest.mark.horovod
+def test_horovods_allreduce_allgather_and_broadcast_work_on_values_on_every_worker(jobs):
+    infos = [info for _, info in _results(jobs, "collectives")]
+    assert infos[0] == infos[1]
+    info = infos[0]
+    assert info["mean"] == [1.5, 3.0] and info["sum"] == 3 and info["sum_average_false"] == 3.0
+    assert info["scaled"] == [3.0]  # (2 * 1 + 2 * 2) * 0.5
+    assert info["tensor"] == [True, "float32", [1.5, 3.0]]  # a tensor of the backend comes back as one
+    assert info["gathered"] == [0, 1, 10, 11, 12] and info["gathered_scalar"] == [0, 1]
+    assert info["broadcast"] == [6, 7]
+
+
+@pytest.mark.horovod
 def test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs):
     # ReduceLROnPlateau and EarlyStopping (verbose=1) decide the same on both workers (averaged logs) at the second
     # epoch's end: the job's combined output has each line once.
@@ -418,6 +430,21 @@ def test_gradient_groups_split_evenly():
 def test_learning_rate_warmup_refuses_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         hvd.LearningRateWarmupCallback(**kwargs)
+
+
+def test_collectives_on_values_return_the_value_on_one_worker_and_refuse_what_they_cannot_do():
+    value = np.array([[1.5, 2.0]], np.float32)
+    for result in (hvd.allreduce(value), hvd.allreduce(value, op=hvd.Sum), hvd.allgather(value), hvd.broadcast(value, 0)):
+        assert isinstance(result, np.ndarray) and result.dtype == np.float32
+        np.testing.assert_array_equal(result, value)
+    tensor = hvd.allreduce(keras.ops.ones((2,)), postscale_factor=3.0)
+    assert not isinstance(tensor, np.ndarray) and keras.ops.convert_to_numpy(tensor).tolist() == [3.0, 3.0]
+    with pytest.raises(ValueError, match="`op`: expected kfit.distributed.Average or Sum .kfit has no Adasum"):
+        hvd.allreduce(1.0, op=hvd.Adasum)
+    with pytest.raises(ValueError, match="Arguments `average` and `op` both say how to reduce"):
+        hvd.allreduce(1.0, average=True, op=hvd.Sum)
+    with pytest.raises(ValueError, match="`root_rank`: expected an integer in .0, 1.. Received: root_rank=1"):
+        hvd.broadcast(1.0, root_rank=1)
 
 
 def test_broadcast_callback_refuses_a_rank_that_does_not_exist():

@@ -349,6 +349,11 @@ def test_sigterm_on_one_worker_saves_that_step_stops_every_worker_and_resumes_ex
 
 
 @native_only
+def test_horovods_allreduce_allgather_and_broadcast_work_on_values_on_every_worker(jobs):
+    horovod_checks.test_horovods_allreduce_allgather_and_broadcast_work_on_values_on_every_worker(jobs)
+
+
+@native_only
 def test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs):
     horovod_checks.test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs)
 

@@ -28,7 +28,8 @@ For plain ``model.fit``, this module ports Horovod's Keras API to Keras 3 under 
 :func:`DistributedOptimizer`, :class:`BroadcastGlobalVariablesCallback`, :class:`MetricAverageCallback`,
 :class:`LearningRateWarmupCallback`, :class:`LearningRateScheduleCallback` (also as ``callbacks.<Name>``, as
 ``hvd.callbacks.<Name>``), so a Horovod-Keras script ports by changing its imports
-(``import kfit.distributed as hvd``), and runs under either engine. Horovod's elastic mode (Horovod only):
+(``import kfit.distributed as hvd``), and runs under either engine; ``hvd.allreduce``, ``hvd.allgather`` and
+``hvd.broadcast`` work on values (numbers, NumPy arrays, tensors) over the host. Horovod's elastic mode (Horovod only):
 :class:`ElasticState` and ``@elastic.run``.
 
 Failures. When a worker dies, ``horovodrun`` ends the job: on one machine it sees the process exit and
@@ -214,6 +215,10 @@ _LAZY = {
     "MetricAverageCallback": "kfit.distributed._callbacks",
     "LearningRateWarmupCallback": "kfit.distributed._callbacks",
     "LearningRateScheduleCallback": "kfit.distributed._callbacks",
+    # Horovod's collective operations on values (over the host, on every engine).
+    "allreduce": "kfit.distributed._ops",
+    "allgather": "kfit.distributed._ops",
+    "broadcast": "kfit.distributed._ops",
     # Horovod's elastic mode (imports Horovod: use it under horovodrun only).
     "ElasticState": "kfit.distributed._elastic",
 }
@@ -258,8 +263,11 @@ __all__ = [
     "MetricAverageCallback",
     "Sum",
     "WorkerLostError",
+    "allgather",
+    "allreduce",
     "any_true",
     "average_metrics",
+    "broadcast",
     "broadcast_training_state",
     "callbacks",
     "elastic",

@@ -14,6 +14,7 @@ Each worker writes ``OUT_DIR/<scenario>.rank<r>.{npz,json}``; the test checks th
 * ``preempt``: ``Checkpoint(save_on_preemption=True)``, SIGTERM reaching rank 1 alone; the run resumed from the
   checkpoint, and the same run uninterrupted.
 * ``verbose``: what kfit's callbacks print with ``verbose=1`` on each worker.
+* ``collectives``: Horovod-Keras's ``hvd.allreduce``, ``hvd.allgather`` and ``hvd.broadcast`` on values.
 * ``example``: ``examples/horovod_mnist.py --small``.
 """
 
@@ -309,6 +310,24 @@ def scenario_verbose() -> None:
                                      "samples": kfit.get_clock(net).samples})
 
 
+# -- collectives -------------------------------------------------------------------------------------
+def scenario_collectives() -> None:
+    """Horovod-Keras's hvd.allreduce / allgather / broadcast on values: a number, NumPy arrays and a backend tensor."""
+    tensor = hvd.allreduce(keras.ops.convert_to_tensor(np.array([1.0, 2.0], np.float32) * (RANK + 1)))
+    info = {
+        "mean": hvd.allreduce(np.array([1.0, 2.0]) * (RANK + 1)).tolist(),
+        "sum": hvd.allreduce(RANK + 1, op=hvd.Sum).tolist(),
+        "sum_average_false": hvd.allreduce(np.float32(RANK + 1), average=False).tolist(),
+        "scaled": hvd.allreduce(np.array([RANK + 1.0]), op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5).tolist(),
+        "tensor": [type(tensor).__name__ == type(keras.ops.ones(1)).__name__, str(keras.ops.convert_to_numpy(tensor).dtype),
+                   keras.ops.convert_to_numpy(tensor).tolist()],
+        "gathered": hvd.allgather(np.arange(RANK + 2) + 10 * RANK).tolist(),  # 2 rows on rank 0, 3 on rank 1
+        "gathered_scalar": hvd.allgather(RANK).tolist(),
+        "broadcast": hvd.broadcast(np.array([RANK + 5, 7]), root_rank=1).tolist(),
+    }
+    common.save(out("collectives"), {}, info)
+
+
 # -- example -----------------------------------------------------------------------------------------
 def scenario_example() -> None:
     """examples/horovod_mnist.py --small, in this job (its imports are done): what CI runs of the example."""
@@ -330,6 +349,6 @@ def scenario_example() -> None:
     common.save(out("example"), {}, {"stdout": printed.getvalue()})
 
 
-for scenario in sys.argv[2:] or ["fit", "stop", "model_fit", "resume", "preempt", "verbose", "example"]:
+for scenario in sys.argv[2:] or ["fit", "stop", "model_fit", "resume", "preempt", "verbose", "collectives", "example"]:
     globals()[f"scenario_{scenario}"]()
 print(f"rank {RANK}: done", flush=True)
