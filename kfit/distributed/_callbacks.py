@@ -11,7 +11,7 @@ from typing import Any
 
 import keras
 
-from kfit import _backend
+from kfit import _backend, _checks
 from kfit._run import current_run
 from kfit.distributed import _check_rank, rank, size
 
@@ -176,21 +176,12 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         warmup_samples: int | None = None,
     ):
         super().__init__()
-        if isinstance(initial_lr, bool) or not isinstance(initial_lr, (int, float)) or not initial_lr > 0:
-            raise ValueError(f"Invalid value for argument `initial_lr`: expected a positive float. Received: initial_lr={initial_lr!r}")
-        if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, (int, float)) or warmup_epochs < 0:
-            raise ValueError(f"Invalid value for argument `warmup_epochs`: expected a non-negative number. Received: warmup_epochs={warmup_epochs!r}")
-        for argument, value in (("steps_per_epoch", steps_per_epoch), ("warmup_samples", warmup_samples)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"Invalid value for argument `{argument}`: expected a positive integer or None. Received: {argument}={value!r}")
-        if not isinstance(momentum_correction, bool):
-            raise ValueError(f"Invalid value for argument `momentum_correction`: expected True or False. Received: momentum_correction={momentum_correction!r}")
-        self.initial_lr = float(initial_lr)
-        self.warmup_epochs = warmup_epochs
-        self.momentum_correction = momentum_correction
-        self.steps_per_epoch = steps_per_epoch
+        self.initial_lr = _checks.real("initial_lr", initial_lr, low=0, low_inclusive=False)
+        self.warmup_epochs = _checks.real("warmup_epochs", warmup_epochs, low=0)
+        self.momentum_correction = _checks.boolean("momentum_correction", momentum_correction)
+        self.steps_per_epoch = _checks.count("steps_per_epoch", steps_per_epoch, low=1, allow_none=True)
         self.verbose = verbose
-        self.warmup_samples = warmup_samples
+        self.warmup_samples = _checks.count("warmup_samples", warmup_samples, low=1, allow_none=True)
         self.current_epoch = 0
         self._lr_variable = None
         self._momentum_variable = None
@@ -324,29 +315,25 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         steps_per_epoch: int | None = None,
     ):
         super().__init__()
-        if isinstance(initial_lr, bool) or not isinstance(initial_lr, (int, float)) or not initial_lr > 0:
-            raise ValueError(f"Invalid value for argument `initial_lr`: expected a positive float (Horovod requires it). Received: initial_lr={initial_lr!r}")
+        self.initial_lr = _checks.real("initial_lr", initial_lr, low=0, low_inclusive=False)  # (Horovod requires it)
+        start_epoch = _checks.count("start_epoch", start_epoch)
         if not callable(multiplier):
-            if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)) or not multiplier > 0:
-                raise ValueError(f"Invalid value for argument `multiplier`: expected a function of the epoch or a positive number. Received: multiplier={multiplier!r}")
+            if not _checks.is_real(multiplier) or not multiplier > 0:
+                raise _checks.InvalidArgumentError(
+                    "Invalid value for argument `multiplier`: expected a function of the epoch or a positive number. "
+                    f"Received: multiplier={multiplier!r}")
             factor = float(multiplier)
             multiplier = lambda epoch: factor ** (epoch - start_epoch)  # noqa: E731  (Horovod's exponential decay)
-        if isinstance(start_epoch, bool) or not isinstance(start_epoch, int) or start_epoch < 0:
-            raise ValueError(f"Invalid value for argument `start_epoch`: expected a non-negative integer. Received: start_epoch={start_epoch!r}")
-        if end_epoch is not None and (isinstance(end_epoch, bool) or not isinstance(end_epoch, (int, float)) or end_epoch <= start_epoch):
-            raise ValueError(f"Invalid value for argument `end_epoch`: expected None or an epoch after start_epoch={start_epoch}. Received: end_epoch={end_epoch!r}")
-        if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int) or steps_per_epoch < 1):
-            raise ValueError(f"Invalid value for argument `steps_per_epoch`: expected a positive integer or None. Received: steps_per_epoch={steps_per_epoch!r}")
-        for argument, value in (("staircase", staircase), ("momentum_correction", momentum_correction)):
-            if not isinstance(value, bool):
-                raise ValueError(f"Invalid value for argument `{argument}`: expected True or False. Received: {argument}={value!r}")
-        self.initial_lr = float(initial_lr)
+        if end_epoch is not None and (not _checks.is_real(end_epoch) or end_epoch <= start_epoch):
+            raise _checks.InvalidArgumentError(
+                f"Invalid value for argument `end_epoch`: expected None or an epoch after start_epoch={start_epoch}. "
+                f"Received: end_epoch={end_epoch!r}")
         self.multiplier = multiplier
         self.start_epoch = start_epoch
         self.end_epoch = end_epoch
-        self.staircase = staircase
-        self.momentum_correction = momentum_correction
-        self.steps_per_epoch = steps_per_epoch
+        self.staircase = _checks.boolean("staircase", staircase)
+        self.momentum_correction = _checks.boolean("momentum_correction", momentum_correction)
+        self.steps_per_epoch = _checks.count("steps_per_epoch", steps_per_epoch, low=1, allow_none=True)
         self.current_epoch = 0
         self._lr_variable = None
         self._momentum_variable = None
