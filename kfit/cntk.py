@@ -11,14 +11,21 @@ CNTK                                                    kfit.schedules
 `momentum_as_time_constant_schedule(m, e)`              `momentum_as_time_constant(m, e)`
 `momentum_schedule_per_sample(m, e)`                    `momentum_per_sample(m, e)`
 `momentum_schedule(m, e, minibatch_size=B)`             `momentum_per_minibatch(m, e, reference_minibatch_size=B)`
-`minibatch_size_schedule(s, e)`                         `minibatch_size(s, e)`
+`minibatch_size_schedule(s, e=1)`                       `minibatch_size(s, e)`, a list per sample by default
 ======================================================  =========================================================
 
 A minibatch size of `IGNORE` (0) or None means "no reference size": the value is used as is, as in CNTK.
 
-One difference: in CNTK 2.2 and later a list given without `epoch_size` changes value once per data sweep;
-in kfit it changes once per minibatch (CNTK's older rule). Give `epoch_size` explicitly (one sweep is
-`len(x_train)` samples) to keep CNTK 2.2's meaning.
+`minibatch_size_schedule` takes CNTK's default `epoch_size=1`: a list gives one entry per SAMPLE, so
+`minibatch_size_schedule([32, 64, 128])` is 32 for the first minibatch and 128 from the second on (drawn at
+sample 32), as in CNTK. (kfit's own `kfit.schedules.minibatch_size` list without `epoch_size` is one entry per
+minibatch.)
+
+One difference: in CNTK 2.2 and later a learning-rate or momentum list given without `epoch_size` changes
+value once per data sweep; in kfit it changes once per minibatch (CNTK's older rule). Give `epoch_size`
+explicitly (one sweep is `len(x_train)` samples) to keep CNTK 2.2's meaning. `epoch_size=FULL_DATA_SWEEP`
+(CNTK's "one sweep of the data") is refused with that advice: a kfit schedule is fixed before it meets the
+data, so it cannot learn the size of a sweep.
 
 Example:
     >>> from kfit.cntk import UnitType, learning_rate_schedule
@@ -44,6 +51,7 @@ from kfit.schedules import (
 )
 
 __all__ = [
+    "FULL_DATA_SWEEP",
     "IGNORE",
     "UnitType",
     "learning_parameter_schedule",
@@ -58,6 +66,38 @@ __all__ = [
 
 IGNORE = 0
 """CNTK's `cntk.learners.IGNORE`: as a `minibatch_size`, use the values as they are (no reference size)."""
+
+
+class _FullDataSweep:
+    """The type of :data:`FULL_DATA_SWEEP` (one instance)."""
+
+    def __repr__(self) -> str:
+        return "FULL_DATA_SWEEP"
+
+    def __reduce__(self) -> str:
+        return "FULL_DATA_SWEEP"
+
+
+FULL_DATA_SWEEP = _FullDataSweep()
+"""CNTK's `cntk.io.FULL_DATA_SWEEP`: one sweep of the data as the unit.
+
+As the `epoch_size` of a `kfit.cntk` schedule it is refused, saying what to pass: a kfit schedule is a
+function of the sample clock fixed before it meets the data, so it cannot know how many samples one sweep
+holds. Give `epoch_size=len(x_train)` (the samples in one sweep of the training data, over all workers). For
+`kfit.fit`, one sweep is already the default epoch: leave `epoch_size` out.
+"""
+
+
+def _epoch_size(epoch_size: Any, function: str) -> Any:
+    if epoch_size is FULL_DATA_SWEEP:
+        raise ValueError(
+            f"Invalid value for argument `epoch_size` of kfit.cntk.{function}: FULL_DATA_SWEEP (one sweep of the data "
+            "as the unit) cannot be known when a kfit schedule is built: kfit's schedules are functions of the sample "
+            "clock, fixed before they meet the data. Give the number of samples in one sweep of the training data, "
+            "epoch_size=len(x_train) (all workers' samples under data-parallel training). Received: "
+            "epoch_size=FULL_DATA_SWEEP"
+        )
+    return epoch_size
 
 
 class UnitType(enum.Enum):
@@ -82,7 +122,7 @@ def learning_parameter_schedule_per_sample(
 
     Args:
         schedule: the rates, in any form `kfit.schedules.as_schedule` accepts.
-        epoch_size: samples per list entry, or None (a list is then per minibatch).
+        epoch_size: samples per list entry, or None (a list is then per minibatch); not `FULL_DATA_SWEEP`.
 
     Returns:
         `kfit.schedules.learning_rate_per_sample(schedule, epoch_size)`.
@@ -94,6 +134,7 @@ def learning_parameter_schedule_per_sample(
         >>> learning_parameter_schedule_per_sample(0.001).for_minibatch(0, 0, 100)
         0.1
     """
+    epoch_size = _epoch_size(epoch_size, "learning_parameter_schedule_per_sample")
     return learning_rate_per_sample(schedule, epoch_size)
 
 
@@ -105,7 +146,7 @@ def learning_parameter_schedule(
     Args:
         schedule: the rates, in any form `kfit.schedules.as_schedule` accepts.
         minibatch_size: the reference minibatch size; None or `IGNORE` uses the rate as is.
-        epoch_size: samples per list entry, or None (a list is then per minibatch).
+        epoch_size: samples per list entry, or None (a list is then per minibatch); not `FULL_DATA_SWEEP`.
 
     Returns:
         `kfit.schedules.learning_rate_per_minibatch(schedule, epoch_size, reference_minibatch_size=...)`.
@@ -117,6 +158,7 @@ def learning_parameter_schedule(
         >>> learning_parameter_schedule(0.1, minibatch_size=32).for_minibatch(0, 0, 64)
         0.2
     """
+    epoch_size = _epoch_size(epoch_size, "learning_parameter_schedule")
     return learning_rate_per_minibatch(
         schedule, epoch_size, reference_minibatch_size=_reference(minibatch_size)
     )
@@ -130,7 +172,7 @@ def learning_rate_schedule(
     Args:
         schedule: the rates, in any form `kfit.schedules.as_schedule` accepts.
         unit: `UnitType.sample` (per sample: `lr * B`) or `UnitType.minibatch` (used as is).
-        epoch_size: samples per list entry, or None (a list is then per minibatch).
+        epoch_size: samples per list entry, or None (a list is then per minibatch); not `FULL_DATA_SWEEP`.
 
     Returns:
         `learning_rate_per_sample` or `learning_rate_per_minibatch` of `schedule`.
@@ -142,6 +184,7 @@ def learning_rate_schedule(
         >>> learning_rate_schedule(0.1, UnitType.minibatch).for_minibatch(0, 0, 64)
         0.1
     """
+    epoch_size = _epoch_size(epoch_size, "learning_rate_schedule")
     try:
         unit = UnitType(unit)
     except ValueError:
@@ -163,7 +206,7 @@ def training_parameter_schedule(
     Args:
         schedule: the rates, in any form `kfit.schedules.as_schedule` accepts.
         unit: `UnitType.minibatch` (used as is) or `UnitType.sample` (per sample: `lr * B`).
-        epoch_size: samples per list entry, or None (a list is then per minibatch).
+        epoch_size: samples per list entry, or None (a list is then per minibatch); not `FULL_DATA_SWEEP`.
 
     Returns:
         `learning_rate_per_minibatch` or `learning_rate_per_sample` of `schedule`.
@@ -176,6 +219,7 @@ def training_parameter_schedule(
         >>> s[0], s[1199], s[1200], s[2699], s[2700], s[5000]
         (0.1, 0.1, 0.01, 0.01, 0.001, 0.001)
     """
+    epoch_size = _epoch_size(epoch_size, "training_parameter_schedule")
     return learning_rate_schedule(schedule, unit, epoch_size)
 
 
@@ -186,7 +230,7 @@ def momentum_as_time_constant_schedule(
 
     Args:
         momentum: the time constants, in any form `kfit.schedules.as_schedule` accepts; 0 means no momentum.
-        epoch_size: samples per list entry, or None (a list is then per minibatch).
+        epoch_size: samples per list entry, or None (a list is then per minibatch); not `FULL_DATA_SWEEP`.
 
     Returns:
         `kfit.schedules.momentum_as_time_constant(momentum, epoch_size)`.
@@ -198,6 +242,7 @@ def momentum_as_time_constant_schedule(
         >>> momentum_as_time_constant_schedule(1024).per_sample_momentum(0)
         0.9990239141819757
     """
+    epoch_size = _epoch_size(epoch_size, "momentum_as_time_constant_schedule")
     return momentum_as_time_constant(momentum, epoch_size)
 
 
@@ -206,7 +251,7 @@ def momentum_schedule_per_sample(momentum: Any, epoch_size: int | None = None) -
 
     Args:
         momentum: the momenta, in any form `kfit.schedules.as_schedule` accepts; in `[0, 1)`.
-        epoch_size: samples per list entry, or None (a list is then per minibatch).
+        epoch_size: samples per list entry, or None (a list is then per minibatch); not `FULL_DATA_SWEEP`.
 
     Returns:
         `kfit.schedules.momentum_per_sample(momentum, epoch_size)`.
@@ -218,6 +263,7 @@ def momentum_schedule_per_sample(momentum: Any, epoch_size: int | None = None) -
         >>> momentum_schedule_per_sample(0.5).for_minibatch(0, 0, 2)
         0.25
     """
+    epoch_size = _epoch_size(epoch_size, "momentum_schedule_per_sample")
     return momentum_per_sample(momentum, epoch_size)
 
 
@@ -228,7 +274,7 @@ def momentum_schedule(
 
     Args:
         momentum: the momenta, in any form `kfit.schedules.as_schedule` accepts; in `[0, 1)`.
-        epoch_size: samples per list entry, or None (a list is then per minibatch).
+        epoch_size: samples per list entry, or None (a list is then per minibatch); not `FULL_DATA_SWEEP`.
         minibatch_size: the reference minibatch size; None or `IGNORE` uses the momentum as is.
 
     Returns:
@@ -242,15 +288,22 @@ def momentum_schedule(
         >>> m[0], m[999], m[1000], m[1001]
         (0.99, 0.99, 0.9, 0.9)
     """
+    epoch_size = _epoch_size(epoch_size, "momentum_schedule")
     return momentum_per_minibatch(momentum, epoch_size, reference_minibatch_size=_reference(minibatch_size))
 
 
-def minibatch_size_schedule(schedule: Any, epoch_size: int | None = None) -> HyperparameterSchedule:
+def minibatch_size_schedule(schedule: Any, epoch_size: int | None = 1) -> HyperparameterSchedule:
     """The size of the next minibatch, read at the sample count when it is drawn.
+
+    As CNTK's, a list gives one entry per `epoch_size` samples, by default ONE sample: `[32, 64, 128]` is 32
+    for the minibatch drawn at sample 0, 64 for one drawn at sample 1, and 128 from sample 2 on (so the
+    second minibatch, drawn at sample 32, has 128). kfit's `kfit.schedules.minibatch_size` without
+    `epoch_size` counts minibatches instead; `epoch_size=None` here means that too.
 
     Args:
         schedule: the sizes, in any form `kfit.schedules.as_schedule` accepts; positive integers.
-        epoch_size: samples per list entry, or None (a list is then per minibatch).
+        epoch_size: samples per list entry (CNTK's default: 1), or None (a list is then per minibatch).
+            `FULL_DATA_SWEEP` is refused, saying what to give.
 
     Returns:
         `kfit.schedules.minibatch_size(schedule, epoch_size)`.
@@ -262,5 +315,9 @@ def minibatch_size_schedule(schedule: Any, epoch_size: int | None = None) -> Hyp
         >>> mb = minibatch_size_schedule([256] * 6 + [512], epoch_size=60000)
         >>> mb[6 * 60000 - 1], mb[6 * 60000]
         (256, 512)
+        >>> mb = minibatch_size_schedule([32, 64, 128])  # per sample, as in CNTK
+        >>> mb[0], mb[1], mb[32]
+        (32, 64, 128)
     """
+    epoch_size = _epoch_size(epoch_size, "minibatch_size_schedule")
     return minibatch_size(schedule, epoch_size)

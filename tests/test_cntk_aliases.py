@@ -162,3 +162,62 @@ def test_cntk_docstring_examples():
 def test_aliases_validate(make, name):
     with pytest.raises(ValueError, match=f"`{name}`"):
         make()
+
+
+def test_minibatch_size_schedule_list_is_per_sample_by_default_as_in_cntk():
+    # CNTK's minibatch_size_schedule(schedule, epoch_size=1): one list entry per SAMPLE. [32, 64, 128] gives the
+    # minibatch drawn at sample 0 the size 32 and every later one (drawn at sample 32, 160, ...) 128.
+    sizes = C.minibatch_size_schedule([32, 64, 128])
+    assert [sizes.value(samples, index) for index, samples in enumerate((0, 32, 160))] == [32, 128, 128]
+    assert sizes == minibatch_size([32, 64, 128], epoch_size=1)
+    # CNTK's own docstring examples.
+    s = C.minibatch_size_schedule([32, 64], 1000)
+    assert (s[0], s[1], s[1000], s[1001]) == (32, 32, 64, 64)
+    s = C.minibatch_size_schedule([(12, 32), (15, 64), (1, 128)], 100)
+    assert (s[0], s[1199], s[1200], s[2699], s[2700], s[5000]) == (32, 32, 64, 64, 128, 128)
+    # epoch_size=None keeps kfit's per-minibatch reading.
+    assert C.minibatch_size_schedule([32, 64, 128], epoch_size=None) == minibatch_size([32, 64, 128])
+
+
+def test_minibatch_size_schedule_trains_the_minibatches_cntk_draws():
+    import keras
+    import numpy as np
+
+    import kfit
+
+    class Sizes(kfit.callbacks.KfitCallback):
+        default_name = "sizes"
+
+        def __init__(self):
+            super().__init__()
+            self.sizes = []
+
+        def on_step_end(self, clock, logs):
+            self.sizes.append(clock.minibatch_size)
+
+    x = np.arange(40, dtype="float32").reshape(20, 2) / 40
+    y = x.sum(axis=1, keepdims=True)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    sizes = Sizes()
+    kfit.fit(model, x, y, minibatch_size=C.minibatch_size_schedule([2, 3, 8]), epochs=1, callbacks=[sizes], verbose=0)
+    assert sizes.sizes == [2, 8, 8, 2]  # samples 0-1, then 8 from sample 2 on, the last cut at the epoch's end
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: C.minibatch_size_schedule([256, 512], C.FULL_DATA_SWEEP),
+        lambda: C.learning_parameter_schedule_per_sample([0.1, 0.01], epoch_size=C.FULL_DATA_SWEEP),
+        lambda: C.learning_parameter_schedule([0.1, 0.01], 32, C.FULL_DATA_SWEEP),
+        lambda: C.learning_rate_schedule([0.1, 0.01], C.UnitType.sample, C.FULL_DATA_SWEEP),
+        lambda: C.training_parameter_schedule([0.1, 0.01], epoch_size=C.FULL_DATA_SWEEP),
+        lambda: C.momentum_as_time_constant_schedule([0, 1024], C.FULL_DATA_SWEEP),
+        lambda: C.momentum_schedule_per_sample([0.9, 0.99], C.FULL_DATA_SWEEP),
+        lambda: C.momentum_schedule([0.9, 0.99], C.FULL_DATA_SWEEP),
+    ],
+)
+def test_full_data_sweep_as_epoch_size_is_refused_saying_what_to_pass(make):
+    assert repr(C.FULL_DATA_SWEEP) == "FULL_DATA_SWEEP" and "FULL_DATA_SWEEP" in C.__all__
+    with pytest.raises(ValueError, match=r"`epoch_size`.*FULL_DATA_SWEEP.*epoch_size=len\(x_train\).*Received: epoch_size=FULL_DATA_SWEEP"):
+        make()

@@ -295,6 +295,28 @@ def test_test_under_plain_model_fit_and_quiet_with_a_progress_printer(capsys, tm
 
 
 # -- bad input -----------------------------------------------------------------------------------------
+def test_cntk_config_keywords_mb_size_is_the_minibatch_size_and_criterion_is_refused():
+    """CNTK's CrossValidationConfig/TestConfig(..., mb_size=N, criterion=f): mb_size is the evaluation's
+    minibatch size; a criterion Function has no Keras meaning and is refused, saying what to write."""
+    model = classifier()
+    cv = CrossValidation(digits(*VAL), mb_size=50)
+    test = Test(digits(*TEST), mb_size=40, verbose=0)
+    history = kfit.fit(model, *digits(*TRAIN), minibatch_size=100, epochs=1, callbacks=[cv, test], verbose=0)
+    assert history.history["val_minibatches"] == [4]  # 200 samples in minibatches of 50, not the default 32's 7
+    assert history.history["test_minibatches"] == [5]  # 200 / 40
+    assert CrossValidation(digits(*VAL), minibatch_size=50, mb_size=50).minibatch_size == 50
+    assert CrossValidation(digits(*VAL)).minibatch_size == Test(digits(*TEST)).minibatch_size == 32
+    for make in (CrossValidation, Test):
+        owner = make.__name__
+        with pytest.raises(ValueError, match=rf"`minibatch_size` and `mb_size` of {owner}.*minibatch_size=64, mb_size=50"):
+            make(digits(*VAL), minibatch_size=64, mb_size=50)
+        with pytest.raises(ValueError, match=rf"`criterion` of {owner}.*model.compile\(loss=.*metric='accuracy'.*"
+                                             r"leave criterion out. Received: criterion='loss, metric'"):
+            make(digits(*VAL), criterion="loss, metric")
+        with pytest.raises(ValueError, match=r"`model_inputs_to_streams`.*leave model_inputs_to_streams out"):
+            make(digits(*VAL), model_inputs_to_streams={"features": 0})
+
+
 def test_a_callback_that_returns_a_non_bool_is_refused():
     def adjust(index, average_error, num_samples, num_minibatches):
         return "stop"
@@ -320,6 +342,9 @@ def test_numpy_bools_are_accepted():
         ({"frequency": True}, ValueError, r"frequency=True"),
         # CNTK's 'once at the end of training' would never be reached: refused, naming what to use.
         ({"frequency": sys.maxsize}, ValueError, rf"frequency={sys.maxsize}.*sys.maxsize.*kfit.callbacks.Test"),
+        # CNTK's CrossValidationConfig(frequency=None) is the same 'once, at the end': refused, not every epoch end.
+        ({"frequency": None}, ValueError, r"`frequency`.*Received: frequency=None.*once, at the end of training.*"
+                                          r"kfit.callbacks.Test.*leave frequency out or give '1ep'"),
         ({"minibatch_size": 0}, ValueError, r"`minibatch_size`.*minibatch_size=0"),
         ({"minibatch_size": kfit.schedules.learning_rate_per_sample(0.1)}, ValueError, r"learning_rate schedule"),
         ({"max_samples": 0}, ValueError, r"`max_samples`.*max_samples=0"),

@@ -380,6 +380,23 @@ def test_cntk_options_are_accepted_or_refused_saying_what_to_do():
             ProgressPrinter(50, **kwargs)
 
 
+def test_positional_arguments_follow_cntks_order():
+    """CNTK: ProgressPrinter(freq, first, tag, log_to_file, rank, gen_heartbeat, num_epochs, test_freq, test_first,
+    metric_is_pct, distributed_freq, distributed_first): a positional CNTK call means what it meant there."""
+    printer = ProgressPrinter(50, 10, "t", None, None, False, 5, None, 0, False, None, 0)
+    assert (printer.freq, printer.first, printer.tag, printer.num_epochs) == (50, 10, "t", 5)
+    assert printer._value("accuracy", 0.9) == "accuracy = 0.900000"  # metric_is_pct=False: no '1 - accuracy'
+    assert ProgressPrinter(50, 10, "t", None, None, False, 5)._value("accuracy", 0.9) == "1 - accuracy = 10.00%"
+    # The fifth is CNTK's rank (refused as by keyword), not metric_is_pct; a bool there says where it went.
+    with pytest.raises(ValueError, match=r"`rank`.*rank=0.*leave rank out"):
+        ProgressPrinter(50, 10, "t", None, 0)
+    with pytest.raises(ValueError, match=r"`rank`.*rank=False.*fifth argument is CNTK's `rank`.*metric_is_pct=\.\.\. by keyword"):
+        ProgressPrinter(50, 10, "t", None, False)
+    with pytest.raises(ValueError, match=r"gen_heartbeat=True"):
+        ProgressPrinter(50, 10, "t", None, None, True)
+    assert ProgressPrinter(metric_is_pct=False, name="console").name == "console"
+
+
 def test_every_value_is_labelled_with_its_keras_name(tmp_path):
     """Two metrics and a validation set: the loss and every metric appear, each under Keras's name."""
     x, y = data()

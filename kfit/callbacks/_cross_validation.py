@@ -261,6 +261,45 @@ def check_minibatch_size(value: Any, owner: str) -> Any:
     return int(value)
 
 
+DEFAULT_MINIBATCH_SIZE = 32
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def cntk_keywords(owner: str, minibatch_size: Any, mb_size: Any, criterion: Any, model_inputs_to_streams: Any) -> Any:
+    """The evaluation minibatch size once CNTK's ``CrossValidationConfig``/``TestConfig`` keywords are read.
+
+    ``mb_size`` is CNTK's deprecated name of ``minibatch_size``: taken for it (refused when both are given
+    and differ). ``criterion`` and ``model_inputs_to_streams`` have no counterpart in Keras: refused, saying
+    what to write instead. ``minibatch_size`` None: the default, 32.
+    """
+    if criterion is not None:
+        raise ValueError(
+            f"Invalid value for argument `criterion` of {owner}: CNTK's criterion Function (loss, metric) has no "
+            f"counterpart in kfit: {owner} evaluates the model's compiled loss and metrics. Give them to "
+            "model.compile(loss=..., metrics=['accuracy']), choose the one that gives average_error with "
+            "metric='accuracy' (default: the first compiled metric; an accuracy is reported as CNTK's error, "
+            f"1 - accuracy), and leave criterion out. Received: criterion={_short(criterion)}"
+        )
+    if model_inputs_to_streams is not None:
+        raise ValueError(
+            f"Invalid value for argument `model_inputs_to_streams` of {owner}: kfit reads the data as model.evaluate "
+            "does, (x, y) in the model's input order (or a dict keyed by the input names); there are no streams to "
+            f"map: leave model_inputs_to_streams out. Received: model_inputs_to_streams={_short(model_inputs_to_streams)}"
+        )
+    if mb_size is not None:
+        if minibatch_size is not None and minibatch_size is not mb_size and minibatch_size != mb_size:
+            raise ValueError(
+                f"Arguments `minibatch_size` and `mb_size` of {owner} disagree: mb_size is CNTK's deprecated name of "
+                f"minibatch_size; give one of them. Received: minibatch_size={minibatch_size!r}, mb_size={mb_size!r}"
+            )
+        minibatch_size = mb_size
+    return DEFAULT_MINIBATCH_SIZE if minibatch_size is None else minibatch_size
+
+
 def minibatch_size_at(size: Any, clock: Clock | None) -> int:
     """The evaluation minibatch size at the clock's reading (a schedule's value, or the int)."""
     if isinstance(size, int):
@@ -353,8 +392,8 @@ _scalar = _checks.log_value
 class CrossValidation(KfitCallback):
     """Evaluates the model on ``data`` every ``frequency`` samples and lets a callback steer training.
 
-    At the end of the step where the clock crosses a multiple of ``frequency`` (default: at every epoch
-    end), the model is evaluated on the first ``max_samples`` samples of ``data`` in minibatches of
+    At the end of the step where the clock crosses a multiple of ``frequency`` (default ``"1ep"``: at every
+    epoch end), the model is evaluated on the first ``max_samples`` samples of ``data`` in minibatches of
     ``minibatch_size`` (an int or a ``kfit.schedules.minibatch_size`` schedule, read at the clock), then
     ``callback(index, average_error, cv_num_samples, cv_num_minibatches)`` is called (``index`` counts
     evaluations from 0). Its return value steers training: ``False`` stops it after the current step;
@@ -386,18 +425,27 @@ class CrossValidation(KfitCallback):
     Args:
         data: ``(x, y)`` or ``(x, y, sample_weight)``: NumPy arrays, h5py datasets (read one minibatch at
             a time), or dicts/lists of them for several inputs.
-        frequency: samples between evaluations (a positive int), an interval string (``"2ep"``, ``"100mb"``,
-            ``"5000sp"``, or a :class:`kfit.interval.Interval`), or None: at the end of every epoch.
-        minibatch_size: the evaluation's minibatch size: a positive int or a minibatch-size schedule.
+        frequency: samples between evaluations (a positive int), or an interval string (``"2ep"``, ``"100mb"``,
+            ``"5000sp"``, or a :class:`kfit.interval.Interval`); by default ``"1ep"``: at the end of every
+            epoch. CNTK's None and ``sys.maxsize`` (one evaluation, at the end of training) are refused, saying
+            what to give instead (:class:`Test` evaluates the final model).
+        minibatch_size: the evaluation's minibatch size: a positive int or a minibatch-size schedule (None:
+            32).
         callback: ``callback(index, average_error, cv_num_samples, cv_num_minibatches) -> bool | None``.
         max_samples: evaluate on at most this many samples of ``data`` (None: all).
         metric: the result that gives ``average_error`` (e.g. ``"accuracy"``, ``"loss"``).
         name: the key of this callback's state in checkpoints.
+        mb_size: CNTK's deprecated name of ``minibatch_size``, taken for it (refused when both are given and
+            differ).
+        criterion, model_inputs_to_streams: CNTK's ``CrossValidationConfig`` arguments with no counterpart in
+            Keras (the evaluation uses the model's compiled loss and metrics, on ``(x, y)`` in the model's input
+            order): accepted as None only; anything else is refused, saying what to write instead.
 
     Raises:
         TypeError: ``data`` not in one of the forms above, or ``callback`` not callable.
-        ValueError: a bad ``frequency``, ``minibatch_size``, ``max_samples`` or ``metric``, named with the
-            value; at the start of training, ``data`` whose inputs do not fit the model.
+        ValueError: a bad ``frequency``, ``minibatch_size``, ``max_samples`` or ``metric``, a ``criterion``
+            or ``model_inputs_to_streams``, named with the value; at the start of training, ``data`` whose
+            inputs do not fit the model.
 
     Example:
         >>> import numpy as np, kfit
@@ -415,25 +463,32 @@ class CrossValidation(KfitCallback):
     def __init__(
         self,
         data: Any,
-        frequency: int | str | Interval | None = None,
-        minibatch_size: Any = 32,
+        frequency: int | str | Interval = "1ep",
+        minibatch_size: Any = None,
         callback: Callable[[int, float, int, int], bool | None] | None = None,
         max_samples: int | None = None,
         metric: str | None = None,
         name: str | None = None,
+        *,
+        mb_size: Any = None,
+        criterion: Any = None,
+        model_inputs_to_streams: Any = None,
     ):
         super().__init__(name=name)
         owner = "CrossValidation"
-        if isinstance(frequency, int) and not isinstance(frequency, bool) and frequency >= sys.maxsize:
+        minibatch_size = cntk_keywords(owner, minibatch_size, mb_size, criterion, model_inputs_to_streams)
+        if frequency is None or (isinstance(frequency, int) and not isinstance(frequency, bool) and frequency >= sys.maxsize):
+            # CNTK's CrossValidationConfig: None or sys.maxsize is one cross-validation, at the end of training.
             raise ValueError(
-                "Invalid value for argument `frequency`: expected a number of samples reached in training, an interval "
-                f"string such as '2ep', or None (every epoch end). Received: frequency={frequency!r}. CNTK's "
-                "sys.maxsize means 'once, at the end of training'; CrossValidation would never evaluate at it. For an "
-                "evaluation of the final model use kfit.callbacks.Test(data, minibatch_size) (its results are in the "
-                "History); to cross-validate after the last epoch, give frequency=f'{epochs}ep'.")
+                "Invalid value for argument `frequency`: expected a number of samples reached in training or an interval "
+                f"string such as '2ep' (leave it out: every epoch end). Received: frequency={frequency!r}. In CNTK's "
+                "CrossValidationConfig, None and sys.maxsize mean 'once, at the end of training'; CrossValidation "
+                "evaluates on the clock and would never evaluate at it. For an evaluation of the final model use "
+                "kfit.callbacks.Test(data, minibatch_size) (its results are in the History); to cross-validate after "
+                "the last epoch, give frequency=f'{epochs}ep'; for every epoch end, leave frequency out or give '1ep'.")
         self.data = EvaluationData(data, owner)
-        #: When it evaluates: an :class:`kfit.interval.Interval` (None given: every epoch end, ``"1ep"``).
-        self.interval = Interval(1, "ep") if frequency is None else Interval.parse(frequency)
+        #: When it evaluates: an :class:`kfit.interval.Interval` (by default every epoch end, ``"1ep"``).
+        self.interval = Interval.parse(frequency)
         self.frequency = self.interval.value if self.interval.unit == "sp" else None
         self.minibatch_size = check_minibatch_size(minibatch_size, owner)
         if callback is not None and not callable(callback):

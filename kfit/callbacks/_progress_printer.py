@@ -103,6 +103,10 @@ class ProgressPrinter(KfitCallback):
     ``1 - accuracy`` (in %); any other metric, or any metric with ``metric_is_pct=False``, is shown as is
     with six decimals. Only the chief worker prints.
 
+    The arguments are CNTK's, in CNTK's order, so that a positional CNTK call means what it meant there:
+    ``ProgressPrinter(freq, first, tag, log_to_file, rank, gen_heartbeat, num_epochs, test_freq, test_first,
+    metric_is_pct, distributed_freq, distributed_first)``; ``name`` is kfit's, by keyword only.
+
     Args:
         freq: a ``Minibatch`` line every ``freq`` minibatches of an epoch (CNTK's meaning); 0: at geometrically
             growing intervals of 1, 2, 4, 8, ... minibatches (after minibatches 1, 3, 7, 15, ..., as CNTK); None
@@ -113,11 +117,13 @@ class ProgressPrinter(KfitCallback):
         tag: printed as ``[tag] `` before every line.
         log_to_file: a file the lines are appended to (a restarted run appends, never truncates), instead
             of stderr. "Redirecting log to file PATH" is printed to stderr once.
-        metric_is_pct: show an accuracy metric as CNTK's error percentage.
-        name: the key of this callback's state in checkpoints.
+        rank, gen_heartbeat: CNTK's options with no counterpart: accepted at their CNTK defaults (None, False)
+            only; any other value is refused, saying what to do.
         num_epochs: CNTK's metadata, accepted and kept as :attr:`num_epochs` (no line shows it).
-        rank, gen_heartbeat, test_freq, test_first, distributed_freq, distributed_first: CNTK's options with no
-            counterpart: accepted at their CNTK defaults only; any other value is refused, saying what to do.
+        test_freq, test_first: as ``rank`` (defaults None, 0).
+        metric_is_pct: show an accuracy metric as CNTK's error percentage.
+        distributed_freq, distributed_first: as ``rank`` (defaults None, 0).
+        name: the key of this callback's state in checkpoints (keyword only).
 
     Raises:
         ValueError: if ``freq`` is not a count, an Interval or its string, if ``first`` is negative or not an
@@ -141,18 +147,23 @@ class ProgressPrinter(KfitCallback):
         first: int = 0,
         tag: str = "",
         log_to_file: str | os.PathLike | None = None,
-        metric_is_pct: bool = True,
-        name: str | None = None,
-        *,
-        num_epochs: int | None = None,
         rank: int | None = None,
         gen_heartbeat: bool = False,
+        num_epochs: int | None = None,
         test_freq: int | None = None,
         test_first: int = 0,
+        metric_is_pct: bool = True,
         distributed_freq: int | None = None,
         distributed_first: int = 0,
+        *,
+        name: str | None = None,
     ):
         super().__init__(name=name)
+        if isinstance(rank, bool):  # kfit's earlier order had metric_is_pct fifth
+            raise ValueError(
+                f"Invalid value for argument `rank`: expected None. Received: rank={rank!r}. ProgressPrinter's fifth "
+                "argument is CNTK's `rank` (ProgressPrinter(freq, first, tag, log_to_file, rank, gen_heartbeat, "
+                "num_epochs, test_freq, test_first, metric_is_pct, ...)): give metric_is_pct=... by keyword.")
         _refuse_cntk_options(rank=rank, gen_heartbeat=gen_heartbeat, test_freq=test_freq, test_first=test_first,
                              distributed_freq=distributed_freq, distributed_first=distributed_first)
         #: CNTK's metadata (the number of epochs to train), accepted and kept; it changes no line.

@@ -10,6 +10,7 @@ from kfit.callbacks._cross_validation import (
     average_error,
     check_minibatch_size,
     choose_metric,
+    cntk_keywords,
     evaluate,
     is_accuracy,
     minibatch_size_at,
@@ -41,16 +42,21 @@ class Test(KfitCallback):
     Args:
         data: ``(x, y)`` or ``(x, y, sample_weight)`` (see :class:`CrossValidation`).
         minibatch_size: the evaluation's minibatch size: a positive int or a minibatch-size schedule (read
-            at the clock's final value).
+            at the clock's final value); None: 32.
         metric: the result that gives ``test_average_error`` and the printed metric (default: the first
             compiled metric, else the loss).
         verbose: 0 prints nothing.
         name: the key of this callback's state in checkpoints.
+        mb_size: CNTK's deprecated name of ``minibatch_size``, taken for it (refused when both are given and
+            differ).
+        criterion, model_inputs_to_streams: CNTK's ``TestConfig`` arguments with no counterpart in Keras
+            (see :class:`CrossValidation`): accepted as None only; anything else is refused, saying what to
+            write instead.
 
     Raises:
         TypeError: ``data`` not in one of the accepted forms.
-        ValueError: a bad ``minibatch_size`` or ``metric``; at the start of training, ``data`` whose inputs
-            do not fit the model.
+        ValueError: a bad ``minibatch_size`` or ``metric``, a ``criterion`` or ``model_inputs_to_streams``;
+            at the start of training, ``data`` whose inputs do not fit the model.
 
     Example:
         >>> import numpy as np, kfit
@@ -67,12 +73,17 @@ class Test(KfitCallback):
     def __init__(
         self,
         data: Any,
-        minibatch_size: Any = 32,
+        minibatch_size: Any = None,
         metric: str | None = None,
         verbose: int = 1,
         name: str | None = None,
+        *,
+        mb_size: Any = None,
+        criterion: Any = None,
+        model_inputs_to_streams: Any = None,
     ):
         super().__init__(name=name)
+        minibatch_size = cntk_keywords("Test", minibatch_size, mb_size, criterion, model_inputs_to_streams)
         self.data = EvaluationData(data, "Test", reusable=False)
         self.minibatch_size = check_minibatch_size(minibatch_size, "Test")
         if metric is not None and (not isinstance(metric, str) or not metric):
