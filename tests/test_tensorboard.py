@@ -179,3 +179,21 @@ def test_log_dir_comes_first_as_in_keras(tmp_path):
     assert (keywords.log_dir, keywords.freq) == (str(tmp_path), 5)
     with pytest.raises(ValueError, match=r"log_dir=50\. For a frequency write freq=50\."):
         TensorBoardProgressWriter(50)
+
+
+def test_the_cntk_guides_call_with_freq_first_and_log_dir_and_model_by_keyword(tmp_path):
+    """The CNTK 2.2 guide's sample: TensorBoardProgressWriter(50, log_dir='my_tensorboard_logdir', model=criterion_mn)."""
+    x, y = data(n=32)
+    model = classifier()
+    writer = TensorBoardProgressWriter(1, log_dir=tmp_path / "tb", model=model)
+    assert (writer.log_dir, writer.freq) == (str(tmp_path / "tb"), 1)
+    kfit.fit(model, x, y, batch_size=16, epochs=1, verbose=0, callbacks=[writer])
+    assert len(os.listdir(tmp_path / "tb")) == 1
+    assert TensorBoardProgressWriter(log_dir=tmp_path, freq=5, rank=None).freq == 5
+    assert TensorBoardProgressWriter().log_dir == "."
+    with pytest.raises(TypeError, match=r"two values for `log_dir`"):
+        TensorBoardProgressWriter(tmp_path, log_dir=tmp_path / "other")
+    with pytest.raises(ValueError, match=r"`rank`.*rank=1.*leave rank out"):
+        TensorBoardProgressWriter(tmp_path, rank=1)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'logdir'"):
+        TensorBoardProgressWriter(logdir=tmp_path)

@@ -134,9 +134,17 @@ class TensorBoardProgressWriter(KfitCallback):
         log_dir: the directory of the event files (created if missing).
         freq: also write minibatch-level scalars every ``freq`` minibatches (a positive integer), or None.
         name: the key of this callback's state in checkpoints.
+        rank: CNTK's per-rank folders: accepted as None only (kfit writes on rank 0); anything else is refused.
+        model: CNTK's model whose graph it drew: accepted and not used (kfit writes scalars only).
+
+    CNTK's argument order is accepted too: ``TensorBoardProgressWriter(50, "logs")`` and the CNTK guide's
+    ``TensorBoardProgressWriter(50, log_dir="logs", model=model)`` (``log_dir`` is given first or by
+    keyword; the default is ``"."``).
 
     Raises:
-        ValueError: if ``freq`` is not a positive integer or None, or ``log_dir`` is not a path.
+        TypeError: an unknown keyword, or ``log_dir`` given twice.
+        ValueError: if ``freq`` is not a positive integer or None, ``log_dir`` is not a path, or ``rank`` is
+            not None.
 
     Example:
         >>> import kfit
@@ -150,8 +158,38 @@ class TensorBoardProgressWriter(KfitCallback):
 
     default_name = "tensorboard_progress_writer"
 
-    def __init__(self, log_dir: str | os.PathLike = ".", freq: int | None = None, name: str | None = None):
+    def __init__(
+        self,
+        log_dir: str | os.PathLike | None = None,
+        /,
+        freq: int | None = None,
+        name: str | None = None,
+        *,
+        rank: int | None = None,
+        model: Any = None,
+        **keywords: Any,
+    ):
         super().__init__(name=name)
+        unknown = sorted(set(keywords) - {"log_dir"})
+        if unknown:
+            raise TypeError(f"TensorBoardProgressWriter.__init__() got an unexpected keyword argument {unknown[0]!r}")
+        if "log_dir" in keywords:  # (log_dir is positional-only so that CNTK's (50, log_dir=...) reaches here)
+            if log_dir is None:
+                log_dir = keywords["log_dir"]
+            elif _checks.is_integer(log_dir) and freq is None:
+                log_dir, freq = keywords["log_dir"], log_dir  # CNTK's TensorBoardProgressWriter(freq, log_dir=...)
+            else:
+                raise TypeError(
+                    f"TensorBoardProgressWriter got two values for `log_dir`: {log_dir!r} (first argument) and "
+                    f"log_dir={keywords['log_dir']!r}. Give one.")
+        if log_dir is None:
+            log_dir = "."
+        if rank is not None:
+            raise ValueError(
+                f"Invalid value for argument `rank`: expected None (CNTK's option has no counterpart in kfit). Received: "
+                f"rank={rank!r}. kfit's TensorBoardProgressWriter writes on rank 0 only, with the counts of all workers "
+                "(CNTK wrote one folder per rank): leave rank out.")
+        # CNTK's `model` drew the model's graph; kfit writes scalars only: `model` is accepted and not used.
         if _checks.is_integer(log_dir) and isinstance(freq, (str, os.PathLike)):
             log_dir, freq = freq, log_dir  # CNTK's order: (freq, log_dir)
         freq = _checks.count("freq", freq, low=1, allow_none=True)  # minibatches
