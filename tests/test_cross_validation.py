@@ -315,6 +315,12 @@ def test_cntk_config_keywords_mb_size_is_the_minibatch_size_and_criterion_is_ref
             make(digits(*VAL), criterion="loss, metric")
         with pytest.raises(ValueError, match=r"`model_inputs_to_streams`.*leave model_inputs_to_streams out"):
             make(digits(*VAL), model_inputs_to_streams={"features": 0})
+        # CNTK's name of the data, minibatch_source (and its deprecated source): given once.
+        assert make(minibatch_source=digits(*VAL)).data.num_samples == make(source=digits(*VAL)).data.num_samples == 200
+        with pytest.raises(TypeError, match=rf"{owner} needs its evaluation data once.*Received: data \(a tuple\), minibatch_source \(a tuple\)"):
+            make(digits(*VAL), minibatch_source=digits(*VAL))
+        with pytest.raises(TypeError, match=r"give data=\(x, y\).*Received: none of them"):
+            make()
 
 
 def test_a_callback_that_returns_a_non_bool_is_refused():

@@ -300,6 +300,20 @@ def cntk_keywords(owner: str, minibatch_size: Any, mb_size: Any, criterion: Any,
     return DEFAULT_MINIBATCH_SIZE if minibatch_size is None else minibatch_size
 
 
+def cntk_data(owner: str, data: Any, minibatch_source: Any, source: Any) -> Any:
+    """The evaluation data, given as ``data`` or by CNTK's names ``minibatch_source`` (and its deprecated
+    ``source``): exactly one of them."""
+    given = [(name, value) for name, value in (("data", data), ("minibatch_source", minibatch_source),
+                                                ("source", source)) if value is not None]
+    if len(given) != 1:
+        received = ", ".join(f"{name} (a {_describe(value)})" for name, value in given) or "none of them"
+        raise TypeError(
+            f"{owner} needs its evaluation data once: give data=(x, y) (CNTK's minibatch_source and source are "
+            f"accepted as its names). Received: {received}"
+        )
+    return given[0][1]
+
+
 def minibatch_size_at(size: Any, clock: Clock | None) -> int:
     """The evaluation minibatch size at the clock's reading (a schedule's value, or the int)."""
     if isinstance(size, int):
@@ -435,6 +449,8 @@ class CrossValidation(KfitCallback):
         max_samples: evaluate on at most this many samples of ``data`` (None: all).
         metric: the result that gives ``average_error`` (e.g. ``"accuracy"``, ``"loss"``).
         name: the key of this callback's state in checkpoints.
+        minibatch_source, source: CNTK's names of ``data`` (``source`` deprecated there), taken for it; give
+            one of the three.
         mb_size: CNTK's deprecated name of ``minibatch_size``, taken for it (refused when both are given and
             differ).
         criterion, model_inputs_to_streams: CNTK's ``CrossValidationConfig`` arguments with no counterpart in
@@ -442,7 +458,8 @@ class CrossValidation(KfitCallback):
             order): accepted as None only; anything else is refused, saying what to write instead.
 
     Raises:
-        TypeError: ``data`` not in one of the forms above, or ``callback`` not callable.
+        TypeError: ``data`` not in one of the forms above or given not exactly once, or ``callback`` not
+            callable.
         ValueError: a bad ``frequency``, ``minibatch_size``, ``max_samples`` or ``metric``, a ``criterion``
             or ``model_inputs_to_streams``, named with the value; at the start of training, ``data`` whose
             inputs do not fit the model.
@@ -462,7 +479,7 @@ class CrossValidation(KfitCallback):
 
     def __init__(
         self,
-        data: Any,
+        data: Any = None,
         frequency: int | str | Interval = "1ep",
         minibatch_size: Any = None,
         callback: Callable[[int, float, int, int], bool | None] | None = None,
@@ -470,12 +487,15 @@ class CrossValidation(KfitCallback):
         metric: str | None = None,
         name: str | None = None,
         *,
+        minibatch_source: Any = None,
+        source: Any = None,
         mb_size: Any = None,
         criterion: Any = None,
         model_inputs_to_streams: Any = None,
     ):
         super().__init__(name=name)
         owner = "CrossValidation"
+        data = cntk_data(owner, data, minibatch_source, source)
         minibatch_size = cntk_keywords(owner, minibatch_size, mb_size, criterion, model_inputs_to_streams)
         if frequency is None or (isinstance(frequency, int) and not isinstance(frequency, bool) and frequency >= sys.maxsize):
             # CNTK's CrossValidationConfig: None or sys.maxsize is one cross-validation, at the end of training.

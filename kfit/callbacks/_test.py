@@ -10,6 +10,7 @@ from kfit.callbacks._cross_validation import (
     average_error,
     check_minibatch_size,
     choose_metric,
+    cntk_data,
     cntk_keywords,
     evaluate,
     is_accuracy,
@@ -47,6 +48,8 @@ class Test(KfitCallback):
             compiled metric, else the loss).
         verbose: 0 prints nothing.
         name: the key of this callback's state in checkpoints.
+        minibatch_source, source: CNTK's names of ``data`` (``source`` deprecated there), taken for it; give
+            one of the three.
         mb_size: CNTK's deprecated name of ``minibatch_size``, taken for it (refused when both are given and
             differ).
         criterion, model_inputs_to_streams: CNTK's ``TestConfig`` arguments with no counterpart in Keras
@@ -54,7 +57,7 @@ class Test(KfitCallback):
             write instead.
 
     Raises:
-        TypeError: ``data`` not in one of the accepted forms.
+        TypeError: ``data`` not in one of the accepted forms or given not exactly once.
         ValueError: a bad ``minibatch_size`` or ``metric``, a ``criterion`` or ``model_inputs_to_streams``;
             at the start of training, ``data`` whose inputs do not fit the model.
 
@@ -72,17 +75,20 @@ class Test(KfitCallback):
 
     def __init__(
         self,
-        data: Any,
+        data: Any = None,
         minibatch_size: Any = None,
         metric: str | None = None,
         verbose: int = 1,
         name: str | None = None,
         *,
+        minibatch_source: Any = None,
+        source: Any = None,
         mb_size: Any = None,
         criterion: Any = None,
         model_inputs_to_streams: Any = None,
     ):
         super().__init__(name=name)
+        data = cntk_data("Test", data, minibatch_source, source)
         minibatch_size = cntk_keywords("Test", minibatch_size, mb_size, criterion, model_inputs_to_streams)
         self.data = EvaluationData(data, "Test", reusable=False)
         self.minibatch_size = check_minibatch_size(minibatch_size, "Test")
