@@ -654,6 +654,19 @@ def test_invalid_arguments(kwargs, match):
         kfit.callbacks.Checkpoint(**kwargs)
 
 
+def test_cntks_filename_keyword_names_the_file(tmp_path):
+    """CNTK's CheckpointConfig(filename=checkpoint, frequency=checkpoint_frequency), as the CNTK manual writes it."""
+    x, y = data()
+    path = tmp_path / "training_session.tmp"
+    checkpoint = kfit.callbacks.Checkpoint(filename=path, frequency=60)
+    kfit.fit(make_model(), x, y, epochs=1, callbacks=[checkpoint], **FIT)
+    assert checkpoint.path == str(path) and kfit.checkpoint.read_checkpoint_info(path).samples == 60
+    with pytest.raises(TypeError, match=r"Checkpoint needs its file once.*path=.*filename="):
+        kfit.callbacks.Checkpoint(tmp_path / "a", filename=tmp_path / "b")
+    with pytest.raises(TypeError, match=r"give path=\.\.\..*Received: neither"):
+        kfit.callbacks.Checkpoint()
+
+
 def test_directory_path_is_refused(tmp_path):
     with pytest.raises(ValueError, match="is a directory"):
         kfit.callbacks.Checkpoint(tmp_path)

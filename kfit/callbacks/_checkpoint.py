@@ -162,8 +162,11 @@ class Checkpoint(KfitCallback):
         on_write_error: ``"raise"`` (a failed write stops training with its error) or ``"warn"`` (warn and
             go on training; :attr:`failed_writes` counts them).
         name: the callback's name.
+        filename: CNTK's name of ``path`` (``CheckpointConfig(filename=..., frequency=...)``), taken for it; give
+            one of the two.
 
     Raises:
+        TypeError: neither ``path`` nor ``filename``, or both.
         ValueError: an invalid argument, named with its value.
 
     Example:
@@ -180,7 +183,7 @@ class Checkpoint(KfitCallback):
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        path: str | os.PathLike | None = None,
         frequency: int | str | Interval | None = None,
         epochs: int | None = None,
         preserve_all: bool = False,
@@ -191,8 +194,15 @@ class Checkpoint(KfitCallback):
         save_on_preemption: bool = False,
         on_write_error: str = "raise",
         name: str | None = None,
+        *,
+        filename: str | os.PathLike | None = None,
     ):
         super().__init__(name=name)
+        if (path is None) == (filename is None):  # CNTK's CheckpointConfig(filename=..., frequency=...)
+            raise TypeError(
+                "Checkpoint needs its file once: give path=... (CNTK's `filename` is accepted as its name). Received: "
+                + (f"path={path!r}, filename={filename!r}" if path is not None else "neither"))
+        path = filename if path is None else path
         if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
             raise ValueError(f"Invalid value for argument `path`: expected a file path (str or os.PathLike). Received: path={path!r}")
         path = os.fspath(path)
