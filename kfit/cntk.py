@@ -52,6 +52,7 @@ from kfit.schedules import (
 
 __all__ = [
     "FULL_DATA_SWEEP",
+    "DataUnit",
     "IGNORE",
     "UnitType",
     "learning_parameter_schedule",
@@ -98,6 +99,19 @@ def _epoch_size(epoch_size: Any, function: str) -> Any:
             "epoch_size=FULL_DATA_SWEEP"
         )
     return epoch_size
+
+
+class DataUnit(enum.Enum):
+    """CNTK 2.7's `cntk.train.DataUnit`, the unit of a `(frequency, unit)` pair.
+
+    kfit's callbacks that take a frequency (`Checkpoint`, `CrossValidation`) read `(n, DataUnit.sample)` as
+    `"{n}sp"` and `(n, DataUnit.minibatch)` as `"{n}mb"`; `(n, DataUnit.sweep)` is refused, saying to give
+    `"{n}ep"` (an epoch is one sweep unless `kfit.fit`'s `epoch_size` says otherwise).
+    """
+
+    sample = "sample"
+    minibatch = "minibatch"
+    sweep = "sweep"
 
 
 class UnitType(enum.Enum):

@@ -65,11 +65,25 @@ class Interval:
     def parse(cls, spec: Any, name: str = "frequency", default_unit: str = "sp") -> Interval:
         """An Interval from an Interval, a string such as ``"2ep"``, or a positive int in ``default_unit``.
 
+        CNTK 2.7's ``(count, DataUnit.sample)`` and ``(count, DataUnit.minibatch)`` (``kfit.cntk.DataUnit``) are
+        taken as ``"{count}sp"`` and ``"{count}mb"``; ``(count, DataUnit.sweep)`` is refused, saying to give
+        epochs.
+
         Raises:
             InvalidArgumentError: naming ``name`` and the value received.
         """
         if isinstance(spec, Interval):
             return spec
+        if isinstance(spec, tuple) and len(spec) == 2:  # CNTK 2.7's (frequency, DataUnit.sample|minibatch|sweep)
+            count, unit = spec
+            unit = getattr(unit, "value", unit)
+            if unit == "sweep" and _checks.is_integer(count) and count > 0:
+                raise _checks.InvalidArgumentError(
+                    f"Invalid value for argument `{name}`: CNTK's DataUnit.sweep counts sweeps of the data, which kfit "
+                    f"does not count; its epoch is one sweep unless kfit.fit's epoch_size says otherwise: give "
+                    f"{name}='{count}ep' (epochs). Received: {name}={spec!r}")
+            if unit in ("sample", "minibatch") and _checks.is_integer(count) and count > 0:
+                return cls(int(count), "sp" if unit == "sample" else "mb")
         if isinstance(spec, str):
             match = _SPEC.match(spec)
             if match and int(match.group(1)) > 0:

@@ -221,3 +221,21 @@ def test_full_data_sweep_as_epoch_size_is_refused_saying_what_to_pass(make):
     assert repr(C.FULL_DATA_SWEEP) == "FULL_DATA_SWEEP" and "FULL_DATA_SWEEP" in C.__all__
     with pytest.raises(ValueError, match=r"`epoch_size`.*FULL_DATA_SWEEP.*epoch_size=len\(x_train\).*Received: epoch_size=FULL_DATA_SWEEP"):
         make()
+
+
+def test_cntk_frequency_pairs_with_a_data_unit():
+    """CNTK 2.7's CheckpointConfig/CrossValidationConfig(frequency=(n, DataUnit.x))."""
+    import numpy as np
+
+    import kfit
+    from kfit.interval import Interval
+
+    data = (np.zeros((10, 3), "float32"), np.zeros((10,), "int64"))
+    cv = kfit.callbacks.CrossValidation(data, (5, C.DataUnit.minibatch))
+    assert cv.interval == Interval(5, "mb")
+    checkpoint = kfit.callbacks.Checkpoint("unused.ckpt", (3000, C.DataUnit.sample))
+    assert (checkpoint.interval, checkpoint.frequency) == (Interval(3000, "sp"), 3000)
+    with pytest.raises(ValueError, match=r"`frequency`: CNTK's DataUnit.sweep.*frequency='2ep'.*Received: frequency=\(2, "):
+        kfit.callbacks.CrossValidation(data, (2, C.DataUnit.sweep))
+    with pytest.raises(ValueError, match=r"`frequency`"):
+        kfit.callbacks.CrossValidation(data, (0, C.DataUnit.sample))
