@@ -85,7 +85,8 @@ FULL_DATA_SWEEP = _FullDataSweep()
 As the `epoch_size` of a `kfit.cntk` schedule it is refused, saying what to pass: a kfit schedule is a
 function of the sample clock fixed before it meets the data, so it cannot know how many samples one sweep
 holds. Give `epoch_size=len(x_train)` (the samples in one sweep of the training data, over all workers). For
-`kfit.fit`, one sweep is already the default epoch: leave `epoch_size` out.
+`kfit.fit`, one sweep is already the default epoch: leave `epoch_size` out. As
+`kfit.callbacks.CrossValidation(max_samples=FULL_DATA_SWEEP)` it means all of the data, as None.
 """
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import kfit
+import kfit.cntk
 from kfit.callbacks import CrossValidation, KfitCallback, Test
 
 BACKEND = keras.backend.backend()
@@ -299,9 +300,10 @@ def test_cntk_config_keywords_mb_size_is_the_minibatch_size_and_criterion_is_ref
     """CNTK's CrossValidationConfig/TestConfig(..., mb_size=N, criterion=f): mb_size is the evaluation's
     minibatch size; a criterion Function has no Keras meaning and is refused, saying what to write."""
     model = classifier()
-    cv = CrossValidation(digits(*VAL), mb_size=50)
+    cv = CrossValidation(digits(*VAL), mb_size=50, max_samples=kfit.cntk.FULL_DATA_SWEEP)  # (all of it)
     test = Test(digits(*TEST), mb_size=40, verbose=0)
     history = kfit.fit(model, *digits(*TRAIN), minibatch_size=100, epochs=1, callbacks=[cv, test], verbose=0)
+    assert history.history["val_samples"] == [200]
     assert history.history["val_minibatches"] == [4]  # 200 samples in minibatches of 50, not the default 32's 7
     assert history.history["test_minibatches"] == [5]  # 200 / 40
     assert CrossValidation(digits(*VAL), minibatch_size=50, mb_size=50).minibatch_size == 50

@@ -446,7 +446,8 @@ class CrossValidation(KfitCallback):
         minibatch_size: the evaluation's minibatch size: a positive int or a minibatch-size schedule (None:
             32).
         callback: ``callback(index, average_error, cv_num_samples, cv_num_minibatches) -> bool | None``.
-        max_samples: evaluate on at most this many samples of ``data`` (None: all).
+        max_samples: evaluate on at most this many samples of ``data`` (None, or CNTK's
+            ``kfit.cntk.FULL_DATA_SWEEP``: all).
         metric: the result that gives ``average_error`` (e.g. ``"accuracy"``, ``"loss"``).
         name: the key of this callback's state in checkpoints.
         minibatch_source, source: CNTK's names of ``data`` (``source`` deprecated there), taken for it; give
@@ -514,6 +515,10 @@ class CrossValidation(KfitCallback):
         if callback is not None and not callable(callback):
             raise TypeError(f"Invalid value for argument `callback`: expected a callable or None. Received: callback={callback!r}")
         self.callback = callback
+        from kfit.cntk import FULL_DATA_SWEEP
+
+        if max_samples is FULL_DATA_SWEEP:  # CNTK's one pass over the data: all of it
+            max_samples = None
         self.max_samples = _checks.count("max_samples", max_samples, low=1, allow_none=True)
         if metric is not None and (not isinstance(metric, str) or not metric):
             raise ValueError(f"Invalid value for argument `metric`: expected a metric's name or None. Received: metric={metric!r}")
