@@ -40,6 +40,7 @@ import enum
 import numbers
 from typing import Any
 
+from kfit.interval import FULL_DATA_SWEEP as _FULL_DATA_SWEEP
 from kfit.schedules import (
     HyperparameterSchedule,
     learning_rate_per_minibatch,
@@ -69,17 +70,7 @@ IGNORE = 0
 """CNTK's `cntk.learners.IGNORE`: as a `minibatch_size`, use the values as they are (no reference size)."""
 
 
-class _FullDataSweep:
-    """The type of :data:`FULL_DATA_SWEEP` (one instance)."""
-
-    def __repr__(self) -> str:
-        return "FULL_DATA_SWEEP"
-
-    def __reduce__(self) -> str:
-        return "FULL_DATA_SWEEP"
-
-
-FULL_DATA_SWEEP = _FullDataSweep()
+FULL_DATA_SWEEP = _FULL_DATA_SWEEP
 """CNTK's `cntk.io.FULL_DATA_SWEEP`: one sweep of the data as the unit.
 
 As the `epoch_size` of a `kfit.cntk` schedule it is refused, saying what to pass: a kfit schedule is a

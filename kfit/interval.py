@@ -34,6 +34,20 @@ UNITS = {"sp": "samples", "mb": "minibatches", "ep": "epochs"}
 _SPEC = re.compile(r"^\s*(\d+)\s*(sp|mb|ep)\s*$")
 
 
+class _FullDataSweep:
+    """The type of ``kfit.cntk.FULL_DATA_SWEEP`` (one instance), CNTK's "one sweep of the data"."""
+
+    def __repr__(self) -> str:
+        return "FULL_DATA_SWEEP"
+
+    def __reduce__(self) -> str:
+        return "FULL_DATA_SWEEP"
+
+
+#: CNTK's ``cntk.io.FULL_DATA_SWEEP``, re-exported by :mod:`kfit.cntk` (defined here, below the callbacks that read it).
+FULL_DATA_SWEEP = _FullDataSweep()
+
+
 @dataclass(frozen=True)
 class Interval:
     """Every ``value`` units of the clock: ``Interval(2, "ep")``, or from its string, ``Interval("2ep")``.

@@ -350,9 +350,6 @@ def test_numpy_bools_are_accepted():
         ({"frequency": True}, ValueError, r"frequency=True"),
         # CNTK's 'once at the end of training' would never be reached: refused, naming what to use.
         ({"frequency": sys.maxsize}, ValueError, rf"frequency={sys.maxsize}.*sys.maxsize.*kfit.callbacks.Test"),
-        # CNTK's CrossValidationConfig(frequency=None) is the same 'once, at the end': refused, not every epoch end.
-        ({"frequency": None}, ValueError, r"`frequency`.*Received: frequency=None.*once, at the end of training.*"
-                                          r"kfit.callbacks.Test.*leave frequency out or give '1ep'"),
         ({"minibatch_size": 0}, ValueError, r"`minibatch_size`.*minibatch_size=0"),
         ({"minibatch_size": kfit.schedules.learning_rate_per_sample(0.1)}, ValueError, r"learning_rate schedule"),
         ({"max_samples": 0}, ValueError, r"`max_samples`.*max_samples=0"),
@@ -430,3 +427,13 @@ def test_evaluation_data_follows_model_evaluate_rules_and_takes_sources():
     test = Test(((x[i:i + 8, None], y[i:i + 8]) for i in range(0, 40, 8)), verbose=0)
     test.set_model(model())
     assert test.run()["test_loss"] == pytest.approx(expected["loss"], rel=1e-5)
+
+
+def test_frequency_none_keeps_kfits_meaning_every_epoch_end():
+    # kfit's CrossValidation(frequency=None) has meant "at every epoch end" from the start and keeps that meaning
+    # (CNTK's None, once at the end of training, is told apart in the migration guide).
+    recorder = Recorder()
+    cv = CrossValidation(digits(*VAL), frequency=None, minibatch_size=64)
+    kfit.fit(classifier(), *digits(*TRAIN), minibatch_size=50, epoch_size=300, epochs=3,
+             callbacks=[recorder, cv], verbose=0)
+    assert [logs["samples"] for _, logs in recorder.cross_validations] == [300, 600, 900]

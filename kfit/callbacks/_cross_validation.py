@@ -20,7 +20,7 @@ from kfit import _backend, _checks
 from kfit.callbacks._base import KfitCallback
 from kfit.clock import Clock
 from kfit.data._stream import flatten, pack, to_host
-from kfit.interval import Interval
+from kfit.interval import FULL_DATA_SWEEP, Interval
 
 _PARTS = ("x", "y", "sample_weight")
 
@@ -441,8 +441,9 @@ class CrossValidation(KfitCallback):
             a time), or dicts/lists of them for several inputs.
         frequency: samples between evaluations (a positive int), or an interval string (``"2ep"``, ``"100mb"``,
             ``"5000sp"``, or a :class:`kfit.interval.Interval`); by default ``"1ep"``: at the end of every
-            epoch. CNTK's None and ``sys.maxsize`` (one evaluation, at the end of training) are refused, saying
-            what to give instead (:class:`Test` evaluates the final model).
+            epoch; None is the same. CNTK's ``sys.maxsize`` (one evaluation, at the end of training) is refused,
+            saying what to give instead (:class:`Test` evaluates the final model); CNTK's None meant the same
+            once-at-the-end, but in kfit None has always meant every epoch end and keeps that meaning.
         minibatch_size: the evaluation's minibatch size: a positive int or a minibatch-size schedule (None:
             32).
         callback: ``callback(index, average_error, cv_num_samples, cv_num_minibatches) -> bool | None``.
@@ -481,7 +482,7 @@ class CrossValidation(KfitCallback):
     def __init__(
         self,
         data: Any = None,
-        frequency: int | str | Interval = "1ep",
+        frequency: int | str | Interval | None = "1ep",
         minibatch_size: Any = None,
         callback: Callable[[int, float, int, int], bool | None] | None = None,
         max_samples: int | None = None,
@@ -498,15 +499,17 @@ class CrossValidation(KfitCallback):
         owner = "CrossValidation"
         data = cntk_data(owner, data, minibatch_source, source)
         minibatch_size = cntk_keywords(owner, minibatch_size, mb_size, criterion, model_inputs_to_streams)
-        if frequency is None or (isinstance(frequency, int) and not isinstance(frequency, bool) and frequency >= sys.maxsize):
-            # CNTK's CrossValidationConfig: None or sys.maxsize is one cross-validation, at the end of training.
+        if isinstance(frequency, int) and not isinstance(frequency, bool) and frequency >= sys.maxsize:
+            # CNTK's CrossValidationConfig: sys.maxsize (or None) is one cross-validation, at the end of training.
             raise ValueError(
                 "Invalid value for argument `frequency`: expected a number of samples reached in training or an interval "
                 f"string such as '2ep' (leave it out: every epoch end). Received: frequency={frequency!r}. In CNTK's "
-                "CrossValidationConfig, None and sys.maxsize mean 'once, at the end of training'; CrossValidation "
+                "CrossValidationConfig, sys.maxsize means 'once, at the end of training'; CrossValidation "
                 "evaluates on the clock and would never evaluate at it. For an evaluation of the final model use "
                 "kfit.callbacks.Test(data, minibatch_size) (its results are in the History); to cross-validate after "
                 "the last epoch, give frequency=f'{epochs}ep'; for every epoch end, leave frequency out or give '1ep'.")
+        if frequency is None:  # kfit's meaning since the start (every epoch end); CNTK's None is once at the end
+            frequency = "1ep"
         self.data = EvaluationData(data, owner)
         #: When it evaluates: an :class:`kfit.interval.Interval` (by default every epoch end, ``"1ep"``).
         self.interval = Interval.parse(frequency)
@@ -515,8 +518,6 @@ class CrossValidation(KfitCallback):
         if callback is not None and not callable(callback):
             raise TypeError(f"Invalid value for argument `callback`: expected a callable or None. Received: callback={callback!r}")
         self.callback = callback
-        from kfit.cntk import FULL_DATA_SWEEP
-
         if max_samples is FULL_DATA_SWEEP:  # CNTK's one pass over the data: all of it
             max_samples = None
         self.max_samples = _checks.count("max_samples", max_samples, low=1, allow_none=True)
