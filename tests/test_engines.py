@@ -272,11 +272,30 @@ def test_workers_given_different_training_data_or_minibatches_refuse_them_naming
         assert "give every worker the same full data" in length and "kfit shards it itself" in length
         assert dtype is not None and "41 samples each, but with arrays of different shapes or dtypes" in dtype, dtype
     assert "float32" in uneven[0][1]["different_data"]["dtype"] and "float64" in uneven[1][1]["different_data"]["dtype"]
+    for rank, (_, info) in enumerate(uneven):  # (the same length, shapes and dtypes, other rows: it trained apart)
+        values = info["different_data"]["values"]
+        assert values is not None and "training data of 41 samples each with the same shapes and dtypes, but different " \
+            f"values: rows 0, 20 and 40 of rank {rank}'s differ from rank(s) {1 - rank}'" in values, values
     for rank, (_, info) in enumerate(uneven):  # (it ended in a collective's failure or a timeout blaming a lost worker)
         size = info["different_data"]["minibatch_size"]
         assert size is not None and "The workers were given different kfit.fit settings: rank " in size, size
         assert f"rank {rank} has minibatch_size={8 + rank} (the first), epoch_size=41" in size, size
         assert "give every worker the same minibatch_size, epoch_size, epochs, max_samples, shuffle and seed" in size
+
+
+@native_only
+def test_workers_given_different_validation_data_refuse_it_naming_what_differs(uneven):
+    for rank, (_, info) in enumerate(uneven):  # (each worker validated its own shard, sharded again by kfit, silently)
+        refused = info["different_data"]
+        shard = refused["validation_data"]
+        assert shard is not None and "validation_data of 20 samples each with the same shapes and dtypes, but " \
+            f"different values: rows 0, 10 and 19 of rank {rank}'s differ from rank(s) {1 - rank}'" in shard, shard
+        assert "give every worker the same full validation_data (do not shard it yourself)" in shard, shard
+        cv = refused["cross_validation"]
+        assert cv is not None and "`data` of CrossValidation of 20 samples each with the same shapes" in cv, cv
+        test = refused["test"]
+        assert test is not None and "`data` of Test of different lengths (rank 0: 30, rank 1: 31 samples)" in test
+        assert refused["same_validation"] is None  # the same data on every worker trains
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="the JAX engine's in-step collective")

@@ -115,6 +115,28 @@ class EvaluationData:
                 f"Invalid value for argument `{self.argument}` of {self.owner}: model.evaluate refuses it: {error}"
             ) from error
 
+    def check_same_on_workers(self) -> None:
+        """Under data-parallel training, refuses (on every worker) arrays that differ between the workers in their
+        length, shapes, dtypes or a few rows (one host collective; call it on every worker as training begins): each
+        worker evaluates its share of the same data, and every worker decides the same on the results. A source
+        that batches itself is not compared."""
+        from kfit.distributed import _select, _state
+
+        engine = _select.current()
+        if engine is None or engine.size() == 1:
+            return
+        if self.source is not None:
+            check = _state.DataCheck(f"`{self.argument}` of {self.owner}", -2, type(self.source).__name__)
+        else:
+            leaves = [leaf for part in (self.x, self.y, self.sample_weight) for leaf in flatten(part)]
+            check = _state.DataCheck(
+                f"`{self.argument}` of {self.owner}", self.num_samples, _state.signature_of(leaves),
+                _state.fingerprint(leaves, self.num_samples),
+                fix=f"Under data-parallel training {self.owner} evaluates each worker's share of its data and every "
+                    f"worker acts on the results of the whole set: give every worker the same full data (do not "
+                    f"shard it yourself).")
+        _state.check_same([check])
+
     def minibatches(self, batch_size: int, max_samples: int | None = None) -> Any:
         """The first ``max_samples`` samples (default: all) in minibatches of ``batch_size``; a source as it
         batches itself (its first minibatches up to ``max_samples`` samples)."""
@@ -541,6 +563,7 @@ class CrossValidation(KfitCallback):
 
     # -- hooks -----------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
+        self.data.check_same_on_workers()
         self.data.check_model(self.training_model)
         if not self._restored:
             self._reset()

@@ -111,6 +111,7 @@ class Test(KfitCallback):
         pass
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        self.data.check_same_on_workers()
         self.data.check_model(self.training_model)
         self.results = None  # an earlier run's (a restored run gets its own back from the checkpoint)
 

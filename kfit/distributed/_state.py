@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -95,11 +96,59 @@ def broadcast_training_state(model: Any, root_rank: int = 0) -> None:
         stream.position = state["position"]
 
 
-def check_same_data(num_samples: int, signature: str, what: str = "training data", settings: str = "") -> None:
-    """Refuses, on every worker, training data that differs between the workers in its number of samples or in its
-    arrays' shapes past the first axis and dtypes (``signature``), and a run whose ``settings`` (the arguments that
-    fix the global minibatches: their size, the epoch, the bound, the shuffle and its seed) differ: one host sum, as
-    training begins.
+@dataclasses.dataclass(frozen=True)
+class DataCheck:
+    """What :func:`check_same` compares of one data set across the workers.
+
+    ``num_samples``: its length (-1: none given, -2: a source whose length kfit does not read); ``signature``: its
+    arrays' shapes past the first axis and dtypes; ``content``: a fingerprint of a few of its rows
+    (:func:`fingerprint`, "" when not compared); ``fix``: what the message tells the user to do.
+    """
+
+    what: str
+    num_samples: int
+    signature: str
+    content: str = ""
+    fix: str = ""
+
+
+def signature_of(leaves: list) -> str:
+    """The shapes past the first axis and the dtypes of ``leaves`` (None kept as None)."""
+    return repr([None if leaf is None else (tuple(leaf.shape[1:]), str(leaf.dtype)) for leaf in leaves])
+
+
+def fingerprint(leaves: list, num_samples: int) -> str:
+    """A checksum of rows 0, ``num_samples // 2`` and ``num_samples - 1`` of every array of ``leaves`` (three rows
+    read, from an h5py dataset too): workers given each its own shard of the same length differ there."""
+    import zlib
+
+    rows = sorted({0, num_samples // 2, num_samples - 1}) if num_samples > 0 else []
+    total = 0
+    for leaf in leaves:
+        for row in rows:
+            if leaf is not None:
+                value = leaf[row]
+                try:
+                    value = np.asarray(value)
+                except (TypeError, RuntimeError):  # a tensor on an accelerator
+                    value = keras.ops.convert_to_numpy(value)
+                total = zlib.crc32(np.ascontiguousarray(value).tobytes(), total)
+    return f"{total:08x}"
+
+
+def fingerprinted_rows(num_samples: int) -> str:
+    """``rows 0, 20 and 40``: the rows :func:`fingerprint` reads."""
+    rows = [str(r) for r in sorted({0, num_samples // 2, num_samples - 1})]
+    return "row " + rows[0] if len(rows) == 1 else "rows " + ", ".join(rows[:-1]) + " and " + rows[-1]
+
+
+def check_same_data(num_samples: int, signature: str, what: str = "training data", settings: str = "",
+                    content: str = "", also: tuple[DataCheck, ...] = ()) -> None:
+    """Refuses, on every worker, training data that differs between the workers in its number of samples, in its
+    arrays' shapes past the first axis and dtypes (``signature``) or in a few of its rows (``content``, see
+    :func:`fingerprint`), other data (``also``: e.g. the validation data) that differs likewise, and a run whose
+    ``settings`` (the arguments that fix the global minibatches: their size, the epoch, the bound, the shuffle and
+    its seed) differ: one host sum, as training begins. Every worker must pass as many ``also``.
 
     Data-parallel ``kfit.fit`` cuts each global minibatch into the workers' shares of the same sample stream; workers
     given different data (e.g. each its own shard) would count different epochs and schedules and train apart.
@@ -107,30 +156,58 @@ def check_same_data(num_samples: int, signature: str, what: str = "training data
     Raises:
         ValueError: the workers' data differ; the message names each worker's length and says how to fix it.
     """
+    check_same((DataCheck(what, num_samples, signature, content), *also), settings)
+
+
+def check_same(checks: tuple[DataCheck, ...] | list[DataCheck], settings: str | None = None) -> None:
+    """Refuses, on every worker, data that differs between the workers (see :func:`check_same_data`): one host sum
+    for all of ``checks`` (every worker passes as many, in the same order) and the ``settings`` (None: not compared).
+
+    Raises:
+        ValueError: the first of ``checks`` that differs (or the settings), naming what differs on which ranks.
+    """
     import zlib
 
     engine = _select.current()
     size, rank = engine.size(), engine.rank()
-    table = np.zeros((3, size), dtype=np.int64)
-    table[0, rank] = int(num_samples)
-    table[1, rank] = zlib.crc32(signature.encode())
-    table[2, rank] = zlib.crc32(settings.encode())
+    table = np.zeros((3 * len(checks) + 1, size), dtype=np.int64)
+    for i, check in enumerate(checks):
+        table[3 * i, rank] = int(check.num_samples)
+        table[3 * i + 1, rank] = zlib.crc32(check.signature.encode())
+        table[3 * i + 2, rank] = zlib.crc32(check.content.encode())
+    table[-1, rank] = zlib.crc32((settings or "").encode())
     (table,) = engine.host_sum([table], "kfit.same_data")
-    lengths, signatures, runs = table[0].tolist(), table[1].tolist(), table[2].tolist()
-    fix = (f"Data-parallel kfit.fit reads each worker's share of the same {what}: give every worker the same full "
-           f"data (load the whole data set on every worker; kfit shards it itself, do not shard it yourself).")
-    if len(set(lengths)) > 1:
-        detail = ", ".join(f"rank {r}: {n}" for r, n in enumerate(lengths))
-        raise ValueError(f"The workers were given {what} of different lengths ({detail} samples). {fix}")
-    if len(set(signatures)) > 1:
-        others = ", ".join(str(r) for r, s in enumerate(signatures) if s != signatures[rank])
-        raise ValueError(f"The workers were given {what} of {lengths[0]} samples each, but with arrays of different "
-                         f"shapes or dtypes: rank {rank} holds {signature}, rank(s) {others} something else. {fix}")
-    if len(set(runs)) > 1:
+    for i, check in enumerate(checks):
+        _refuse_different(check, *(table[3 * i + j].tolist() for j in range(3)), rank)
+    runs = table[-1].tolist()
+    if settings is not None and len(set(runs)) > 1:
         others = ", ".join(str(r) for r, s in enumerate(runs) if s != runs[rank])
         raise ValueError(f"The workers were given different kfit.fit settings: rank {rank} has {settings}, rank(s) "
                          f"{others} something else. Every worker trains its share of the same global minibatches: give "
                          "every worker the same minibatch_size, epoch_size, epochs, max_samples, shuffle and seed.")
+
+
+def _refuse_different(check: DataCheck, lengths: list, signatures: list, contents: list, rank: int) -> None:
+    what = check.what
+    fix = check.fix or (f"Data-parallel kfit.fit reads each worker's share of the same {what}: give every worker the "
+                        "same full data (load the whole data set on every worker; kfit shards it itself, do not shard "
+                        "it yourself).")
+    if len(set(lengths)) > 1:
+        if min(lengths) >= 0:
+            detail = ", ".join(f"rank {r}: {n}" for r, n in enumerate(lengths)) + " samples"
+        else:
+            names = {-1: "none", -2: "a source of unknown length"}
+            detail = ", ".join(f"rank {r}: {names.get(n, f'{n} samples')}" for r, n in enumerate(lengths))
+        raise ValueError(f"The workers were given {what} of different lengths ({detail}). {fix}")
+    if len(set(signatures)) > 1:
+        others = ", ".join(str(r) for r, s in enumerate(signatures) if s != signatures[rank])
+        raise ValueError(f"The workers were given {what} of {lengths[0]} samples each, but with arrays of different "
+                         f"shapes or dtypes: rank {rank} holds {check.signature}, rank(s) {others} something else. {fix}")
+    if len(set(contents)) > 1:
+        others = ", ".join(str(r) for r, s in enumerate(contents) if s != contents[rank])
+        raise ValueError(f"The workers were given {what} of {lengths[0]} samples each with the same shapes and dtypes, "
+                         f"but different values: {fingerprinted_rows(lengths[0])} of rank {rank}'s differ from rank(s) "
+                         f"{others}'. {fix}")
 
 
 def gather_arrays(arrays: list[np.ndarray], name: str = "kfit.gather") -> list[list[np.ndarray]]:

@@ -660,7 +660,10 @@ class _StreamFit:
             signature = self.stream.signature() if isinstance(self.stream, SampleStream) else type(x).__name__
             settings = (f"minibatch_size={self.size_at(0, 0)} (the first), epoch_size={self.epoch_size}, "
                         f"samples={self.stop_at}, shuffle={o.shuffle!r}, seed={o.seed!r}")
-            _state.check_same_data(self.stream.num_samples, signature, settings=settings)
+            content = (_state.fingerprint(self.stream.leaves, self.stream.num_samples)
+                       if isinstance(self.stream, SampleStream) else "")
+            _state.check_same_data(self.stream.num_samples, signature, settings=settings, content=content,
+                                   also=(_validation.same_data_check(validation_data),))
         return validation_data
 
     def _init_source(self, x: Any, y: Any, sample_weight: Any, o: FitOptions, saves: bool) -> None:

@@ -55,6 +55,28 @@ def shard_validation_data(data: Any, model: Any, validation_steps: int | None) -
     return tuple(rows(part) for part in data), True
 
 
+def same_data_check(data: Any, what: str = "validation_data") -> Any:
+    """What :func:`kfit.distributed._state.check_same` compares of ``data`` across the workers: arrays by their
+    length, shapes, dtypes and a few rows; a source that batches itself by its type only; None as none.
+
+    Every worker validates the same set (each its share of it, or the whole of it where it is not sharded, see the
+    module), and decides the same stops on the ``val_*`` logs: each worker given its own validation shard (as a
+    Horovod-Keras script gives ``model.fit``) would be sharded again, or would stop apart.
+    """
+    from kfit.distributed._state import DataCheck, fingerprint, signature_of
+
+    fix = (f"Data-parallel kfit.fit splits {what} among the workers itself (or every worker validates all of it) "
+           f"and every worker must decide the same stops on the val_* results: give every worker the same full "
+           f"{what} (do not shard it yourself).")
+    if data is None:
+        return DataCheck(what, -1, "None", fix=fix)
+    leaves = _leaves(data)
+    if leaves is None or len({len(a) for a in leaves}) != 1:
+        return DataCheck(what, -2, type(data).__name__, fix=fix)
+    n = len(leaves[0])
+    return DataCheck(what, n, signature_of(leaves), fingerprint(leaves, n), fix=fix)
+
+
 class CombineValidation(keras.callbacks.Callback):
     """At the epoch end, the ``val_*`` logs of the whole set from the workers' shares (a collective).
 

@@ -7,7 +7,8 @@ each epoch ends with a remainder minibatch of 5 (shares 3 and 2); sample weights
 metric, and one whose state is not a sum over samples (on JAX: warned about, its value keeps the padding row); then
 a model with an activity regularizer (on JAX: warned about, naming the layer); then global minibatches of 1 sample
 (``common.REMAINDER``: an epoch's last, and one that ``max_samples`` cuts), where rank 1 trains a padding row;
-then training data that differs between the workers (in length, in dtype), which every worker refuses. Every step whose shares differ is padded to one shape by the JAX engine. Writes the weights, the
+then training data that differs between the workers (in length, in dtype), and validation data (kfit.fit's, a
+CrossValidation's, a Test's), which every worker refuses. Every step whose shares differ is padded to one shape by the JAX engine. Writes the weights, the
 history and the epoch summaries to ``OUT_DIR/uneven.rank<r>.{npz,json}``, with what the compiled train step holds:
 its HLO is checked for an all-reduce and for host callbacks.
 """
@@ -48,17 +49,32 @@ n = common.REMAINDER["num_samples"]
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     remainder_history = kfit.fit(remainder, x[:n], y[:n], sample_weight=sample_weight[:n], **common.remainder_kwargs())
-# Workers given different training data (each its own length; then the same length with another dtype), or
+# Workers given different training data (each its own length; the same length with another dtype; the same
+# length, shapes and dtypes with other rows), or
 # another minibatch size: refused.
 refused = {}
 for case, (xs, ys, size) in {"length": (x[:41 - 2 * rank], y[:41 - 2 * rank], None),
                              "dtype": (x.astype("float64") if rank == 1 else x, y, None),
+                             "values": (x[::-1].copy() if rank == 1 else x, y, None),
                              "minibatch_size": (x, y, 8 + rank)}.items():
     kwargs = {**common.uneven_kwargs(), "epochs": 1}
     if size is not None:
         kwargs["minibatch_size"] = size
     try:
         kfit.fit(common.uneven_model(), xs, ys, **kwargs)
+        refused[case] = None
+    except ValueError as error:
+        refused[case] = str(error)
+# Validation data that differs between the workers: each its own shard of 20 rows (as Horovod-Keras scripts give
+# model.fit), to kfit.fit's validation_data and to a CrossValidation; a Test's of another length on each worker.
+mine = slice(20 * rank, 20 * (rank + 1))
+for case, kwargs in {"validation_data": {"validation_data": (x[mine], y[mine])},
+                     "cross_validation": {"callbacks": [kfit.callbacks.CrossValidation((x[mine], y[mine]))]},
+                     "test": {"callbacks": [kfit.callbacks.Test((x[:30 + rank], y[:30 + rank]), verbose=0)]},
+                     "same_validation": {"validation_data": (x[:20], y[:20]),
+                                         "callbacks": [kfit.callbacks.CrossValidation((x[:20], y[:20]))]}}.items():
+    try:
+        kfit.fit(common.uneven_model(), x, y, **{**common.uneven_kwargs(), "epochs": 1, **kwargs})
         refused[case] = None
     except ValueError as error:
         refused[case] = str(error)

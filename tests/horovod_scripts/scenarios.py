@@ -146,8 +146,9 @@ def scenario_stop() -> None:
     except (AttributeError, ImportError) as error:
         info["cv_stop"] = {"unavailable": repr(error)}
     else:
-        # Each worker validates on its own data; only rank 0's decides to stop, at the third evaluation.
-        xv, yv = common.data(20, seed=20 + RANK)
+        # Every worker validates its share of the same data; only rank 0's callback decides to stop, at the third
+        # evaluation.
+        xv, yv = common.data(20, seed=20)
         calls = []
 
         def steer(index, average_error, num_samples, num_minibatches):
