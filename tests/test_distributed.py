@@ -287,6 +287,19 @@ def test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs):
     assert i0["stderr"] == i1["stderr"] == ""
 
 
+@pytest.mark.horovod
+def test_kfits_warnings_about_the_job_show_once_per_job_and_an_error_filter_raises_on_every_worker(jobs):
+    # model.fit resumed from a kfit Checkpoint, and kfit.fit resumed with a callback the checkpoint holds no state
+    # for: every worker resumes alike, and each warning was shown once per worker.
+    (_, i0), (_, i1) = _results(jobs, "verbose")
+    shown = [line for line in (i0["warned"] + i1["warned"]).splitlines() if "UserWarning" in line]
+    assert sum("Checkpoint under plain model.fit" in line for line in shown) == 1, shown
+    assert sum("holds no state for callback 'reduce_lr_on_plateau'" in line for line in shown) == 1, shown
+    assert all("UserWarning" not in line for line in i1["warned"].splitlines()), i1["warned"]  # rank 0 shows them
+    for info in (i0, i1):  # the program's filters act alike on every worker (one raising alone would hang the other)
+        assert info["raised"] is not None and info["raised"].startswith("Checkpoint under plain model.fit"), info
+
+
 # -- elastic mode ---------------------------------------------------------------------------------------
 @pytest.mark.horovod
 def test_elastic_mode_goes_on_after_losing_a_worker_and_takes_a_new_one(tmp_path):

@@ -229,16 +229,18 @@ def test_uneven_shares_and_a_sweeps_remainder_train_as_one_process(uneven):
     x, y, sample_weight = common.uneven_data()
     reference = common.uneven_model()
     history = kfit.fit(reference, x, y, sample_weight=sample_weight, **common.uneven_kwargs())
-    for info in (i0, i1):
+    for rank, info in enumerate((i0, i1)):
         assert (info["engine"], info["size"]) == ("native", 2)
         assert info["samples"] == common.UNEVEN["epochs"] * common.UNEVEN["num_samples"]
         for key in ("loss", "mae"):  # the epochs' values (the padding rows taken out)
             np.testing.assert_allclose(info["history"][key], history.history[key], rtol=1e-5, err_msg=key)
-        # Padding stays in a metric whose state is not a sum over samples: said once, naming it (JAX only).
-        assert len(info["padding_warnings"]) == (1 if BACKEND == "jax" else 0), info["padding_warnings"]
+        # Padding stays in a metric whose state is not a sum over samples: said once per job, on rank 0, naming it
+        # (JAX only).
+        once = 1 if BACKEND == "jax" and rank == 0 else 0
+        assert len(info["padding_warnings"]) == once, info["padding_warnings"]
         assert all("'last_mean' (LastMean)" in w for w in info["padding_warnings"])
         # A layer's add_loss averages over the padding rows too: said once, naming the layer (JAX only).
-        assert len(info["added_loss_warnings"]) == (1 if BACKEND == "jax" else 0), info["added_loss_warnings"]
+        assert len(info["added_loss_warnings"]) == once, info["added_loss_warnings"]
         assert all("'regularized_dense'" in w for w in info["added_loss_warnings"])
     for i, w in enumerate(common.weights(reference)):
         np.testing.assert_array_equal(a0[f"w{i}"], a1[f"w{i}"])
@@ -375,6 +377,11 @@ def test_horovods_allreduce_allgather_and_broadcast_work_on_values_on_every_work
 @native_only
 def test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs):
     horovod_checks.test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs)
+
+
+@native_only
+def test_kfits_warnings_about_the_job_show_once_per_job_and_an_error_filter_raises_on_every_worker(jobs):
+    horovod_checks.test_kfits_warnings_about_the_job_show_once_per_job_and_an_error_filter_raises_on_every_worker(jobs)
 
 
 def _uninterrupted_resume_run() -> tuple[list[np.ndarray], dict]:

@@ -16,7 +16,6 @@ Under ``model.fit`` Keras runs the loop and kfit only has its callbacks. This mo
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import keras
@@ -25,6 +24,7 @@ from kfit import _backend, _run
 from kfit._run import RunLoop, StepDriver
 from kfit.checkpoint import _restore
 from kfit.clock import Clock
+from kfit.distributed._notices import warn_job
 
 MODEL_FIT_NOTE = (
     "Checkpoint under plain model.fit: the weights, optimizer, metrics, clock and callback states are "
@@ -95,7 +95,7 @@ class ModelFitLoop(RunLoop):
             epoch = max(restore.history["epoch"]) + 1
         if not self._noted:
             self._noted = True
-            warnings.warn(MODEL_FIT_NOTE.format(epoch=(epoch or 0) + 1), stacklevel=4)  # (from 1, as printed)
+            warn_job(MODEL_FIT_NOTE.format(epoch=(epoch or 0) + 1), stacklevel=4)  # (from 1, as printed)
         return epoch or None
 
     def finished_epoch(self, run: _run.Run, params: dict | None, restored_epoch: int | None) -> int | None:

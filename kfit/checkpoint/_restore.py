@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +28,7 @@ from kfit import _backend
 from kfit._run import Run
 from kfit.checkpoint import CheckpointInfo, _format, _info, _run_status, _state
 from kfit.checkpoint._format import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
+from kfit.distributed._notices import warn_job
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def resume(run: Run, path: str, resume_finished: bool = False, params: dict | No
         run.resumed_mid_epoch = True  # the restored metric state continues the epoch
     info = _info(file, meta, checksum_ok=True)
     if damaged:
-        warnings.warn(" ".join(damaged) + f" Falling back to the previous intact checkpoint: resumed from "
+        warn_job(" ".join(damaged) + f" Falling back to the previous intact checkpoint: resumed from "
                       f"{file!r} (sample {info.samples}).", stacklevel=3)
     restored_epoch = start_epoch if start_epoch is not None else info.epoch
     finished = _run_status.resume_or_finish(run, info, restored_epoch, resume_finished, params)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import random
 import re
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ from kfit import _backend
 from kfit._run import Run, current_run, last_clock
 from kfit.checkpoint._format import GROUPS, CheckpointMismatchError
 from kfit.checkpoint._schema import WORKER_METRICS
+from kfit.distributed._notices import warn_job
 
 _ARRAY = "__kfit_array__"
 _PAIRS = "__kfit_dict__"  # a dict whose keys are not all strings: [[key, value], ...]
@@ -652,7 +652,7 @@ def apply_restore(parts: Run, restore: _Restore, meta: dict, arrays: dict, rando
         parts.history.history = {k: list(v) for k, v in restore.history["history"].items()}
         parts.history.epoch = list(restore.history["epoch"])
     for note in restore.notes:
-        warnings.warn(note, stacklevel=3)
+        warn_job(note, stacklevel=3)
 
 
 def _state_setter(owner: Any, state: Any):

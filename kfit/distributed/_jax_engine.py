@@ -73,6 +73,7 @@ import numpy as np
 from kfit import _backend
 from kfit.distributed import _engine, _launch, _optimizer
 from kfit.distributed._engine import WorkerLostError
+from kfit.distributed._notices import warn_job
 from kfit.distributed._torch_engine import TorchEngine
 
 #: The mesh axis of the workers inside the compiled step.
@@ -118,11 +119,11 @@ class JaxEngine(TorchEngine):
 
         busy = np.array([1 if xla_bridge.backends_are_initialized() else 0], dtype=np.int32)
         if TorchEngine.host_sum(self, [busy], "kfit.jax_backend_in_use")[0][0] > 0:  # every worker takes the same path
-            warnings.warn(
+            warn_job(
                 "kfit's JAX engine starts jax.distributed before JAX runs anything (when kfit is imported), but "
                 "JAX's backend was already in use in a worker: the gradients go through the host instead "
                 "(io_callback, as with KFIT_JAX_COLLECTIVES=host). Import kfit before building a model.",
-                stacklevel=3)
+                stacklevel=3, chief=environment.rank == 0)
             self.in_step = False
             return None
         port = np.array([_free_port() if environment.rank == 0 else 0], dtype=np.int64)
@@ -315,7 +316,7 @@ class _ShardedStep:
             return
         self._losses_checked = True
         if added := _backend.layers_that_added_losses(self.model):
-            warnings.warn(
+            warn_job(
                 f"kfit's JAX engine pads the workers' shares of a global minibatch that does not divide among them; "
                 f"layer {added[0].name!r} adds a loss in its forward pass (add_loss, an activity regularizer), "
                 f"which averages over the padding rows too, so the gradient of such steps is not exact. Choose "

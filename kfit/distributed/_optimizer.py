@@ -430,9 +430,9 @@ def _training_metrics_check(model: keras.Model) -> Any:
                 reason = ", ".join(f"metric {m.name!r} ({type(m).__name__}) may hold a state that is not a sum over "
                                    "samples" for m in found[1]) or None
             if reason is not None:
-                import warnings
+                from kfit.distributed._notices import warn_job
 
-                warnings.warn(
+                warn_job(
                     f"kfit's JAX engine pads the workers' shares of a global minibatch that does not divide among "
                     f"them; the gradient stays exact, but {reason}, so the training values of such steps include "
                     f"the padding rows there.", stacklevel=2)

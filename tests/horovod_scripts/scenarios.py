@@ -13,7 +13,7 @@ Each worker writes ``OUT_DIR/<scenario>.rank<r>.{npz,json}``; the test checks th
   uninterrupted.
 * ``preempt``: ``Checkpoint(save_on_preemption=True)``, SIGTERM reaching rank 1 alone; the run resumed from the
   checkpoint, and the same run uninterrupted.
-* ``verbose``: what kfit's callbacks print with ``verbose=1`` on each worker.
+* ``verbose``: what kfit's callbacks print with ``verbose=1`` on each worker, and kfit's warnings about the job.
 * ``collectives``: Horovod-Keras's ``hvd.allreduce``, ``hvd.allgather`` and ``hvd.broadcast`` on values.
 * ``example``: ``examples/horovod_mnist.py --small``.
 """
@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -307,8 +308,30 @@ def scenario_verbose() -> None:
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         kfit.fit(net, x, y, minibatch_size=10, epochs=5, seed=1, verbose=0, callbacks=callbacks)
+    # kfit's warnings about the job: plain model.fit resumed from a kfit Checkpoint (its note), kfit.fit resumed with a
+    # callback the checkpoint holds no state for; then an "error" filter for the first, which must raise on every worker.
+    warned = io.StringIO()
+    model_fit_path, fit_path = os.path.join(OUT, "verbose_model_fit", "model.ckpt"), os.path.join(OUT, "verbose_fit", "model.ckpt")
+    with contextlib.redirect_stderr(warned), warnings.catch_warnings():
+        warnings.simplefilter("always")
+        for epochs in (1, 2):
+            common.resume_model().fit(x, y, batch_size=10, epochs=epochs, verbose=0, callbacks=[
+                kfit.callbacks.Checkpoint(model_fit_path, restore=True, async_write=False)])
+        for extra in ([], [kfit.callbacks.ReduceLROnPlateau("loss")]):
+            kfit.fit(common.resume_model(), x, y, minibatch_size=10, epochs=1 + len(extra), seed=1, verbose=0,
+                     callbacks=[kfit.callbacks.Checkpoint(fit_path, async_write=False), kfit.callbacks.EarlyStopping("loss"),
+                                *extra])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Checkpoint under plain model.fit")
+        try:
+            common.resume_model().fit(x, y, batch_size=10, epochs=3, verbose=0, callbacks=[
+                kfit.callbacks.Checkpoint(model_fit_path, restore=True, async_write=False)])
+            raised = None
+        except UserWarning as error:
+            raised = str(error)
     common.save(out("verbose"), {}, {"stdout": stdout.getvalue(), "stderr": stderr.getvalue(),
-                                     "samples": kfit.get_clock(net).samples})
+                                     "samples": kfit.get_clock(net).samples, "warned": warned.getvalue(),
+                                     "raised": raised})
 
 
 # -- collectives -------------------------------------------------------------------------------------
