@@ -147,6 +147,20 @@ def test_a_cross_validation_stop_decided_on_rank_zero_ends_both_workers(jobs):
     assert i0["cv_stop"]["calls"] == i1["cv_stop"]["calls"] == [0, 1, 2]
 
 
+@pytest.mark.horovod
+def test_a_run_continued_from_a_stop_inside_an_epoch_on_one_worker_has_the_uninterrupted_history(jobs):
+    # Three epochs of 40 samples; a stop at sample 60 (epoch 2) decided on rank 0 only, then on rank 1 only; the run
+    # continued from the Checkpoint. A stop on rank 1 was saved as the end of an epoch (the History held epoch 2
+    # twice), one on rank 0 with rank 0's training metrics only (epoch 2's loss left out rank 1's first 10 samples).
+    for (_, info) in _results(jobs, "stop"):
+        runs = info["checkpointed_stop"]
+        for who in ("rank0", "rank1"):
+            assert runs[who].keys() == runs["fresh"].keys() == {"loss", "mae"}
+            for key, values in runs["fresh"].items():
+                assert len(runs[who][key]) == 3, (who, runs[who])
+                np.testing.assert_allclose(runs[who][key], values, rtol=1e-6, atol=0, err_msg=f"{who} {key}")
+
+
 # -- plain model.fit with Horovod's API ------------------------------------------------------------------
 @pytest.mark.horovod
 def test_model_fit_with_distributed_optimizer_broadcast_and_warmup_equals_one_process(jobs):

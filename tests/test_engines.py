@@ -375,6 +375,11 @@ def test_horovods_allreduce_allgather_and_broadcast_work_on_values_on_every_work
 
 
 @native_only
+def test_a_run_continued_from_a_stop_inside_an_epoch_on_one_worker_has_the_uninterrupted_history(jobs):
+    horovod_checks.test_a_run_continued_from_a_stop_inside_an_epoch_on_one_worker_has_the_uninterrupted_history(jobs)
+
+
+@native_only
 def test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs):
     horovod_checks.test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs)
 

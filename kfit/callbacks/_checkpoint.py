@@ -415,7 +415,21 @@ class Checkpoint(KfitCallback):
                                         "kfit.checkpoint.metrics")
 
     def _training_ends(self, clock: Clock) -> bool:
+        if self.training_run.agreed_stops:  # data-parallel: a callback's stop is saved once agreed (_stop_agreed)
+            return self._bound_reached(clock)
         return bool(self._model.stop_training) or self._bound_reached(clock)
+
+    def _stop_agreed(self) -> None:
+        """Data-parallel runs: the workers agreed, at a step's end, to stop training (a callback's stop on any of
+        them; called on every worker). Inside an epoch, this step's state is saved as at a stop with one worker (see
+        :meth:`on_step_end`), with every worker's training metrics: a stop decided on rank 1 alone was saved as an
+        epoch's end (a resumed History held the partial epoch twice), one on rank 0 with rank 0's metrics only (the
+        resumed epoch's History left out the other workers' samples before the stop)."""
+        clock = self.training_run.clock
+        if not self._holds_run() or clock is None or not clock.samples_in_epoch or self._bound_reached(clock):
+            return  # (the bound: saved at on_step_end, every worker's metrics gathered there)
+        worker_metrics = self._gather_worker_metrics() if self.training_run.gathers_worker_metrics else None
+        self._save(keep_step=True, worker_metrics=worker_metrics)
 
     def _bound_reached(self, clock: Clock) -> bool:
         run = self.training_run

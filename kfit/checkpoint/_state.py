@@ -500,12 +500,12 @@ def _worker_metrics(model: Any, variables: list, meta: dict, arrays: dict, file:
 
     first = _match_group("metrics", variables, saved, state(0), file)  # (checked on every worker alike)
     notes = []
-    if known < count and rank == 0:
+    if known < count and rank == 0 and (meta.get("summary") or {}).get("samples_in_epoch", 1):  # (inside an epoch)
         notes.append(
             f"The checkpoint {file!r} holds the training metrics of worker 0 only, of the {count} workers that "
-            "trained (it was written at a step the workers had not all agreed to save at: on SIGTERM, or as one "
-            "worker stopped training): the training metrics of the epoch it resumes in leave out what the other "
-            "workers trained in it before the checkpoint."
+            "trained (the others could not gather theirs: a Checkpoint that not every worker was given, or a file "
+            "of an older kfit): the training metrics of the epoch it resumes in leave out what the other workers "
+            "trained in it before the checkpoint."
         )
     if count == size:
         return (_match_group("metrics", variables, saved, state(rank), file) if rank < known else None), notes

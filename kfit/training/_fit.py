@@ -511,13 +511,15 @@ class _AgreedStop(keras.callbacks.Callback):
     worker: the same allreduce carries both, after every step and at every epoch end.
 
     A preemption agreed on is carried out by the run's callbacks that save on preemption (``Checkpoint(
-    save_on_preemption=True)``: rank 0 writes the state, then every worker ends as SIGTERM would)."""
+    save_on_preemption=True)``: rank 0 writes the state, then every worker ends as SIGTERM would); a stop agreed on
+    inside an epoch is saved by the run's checkpoints, with every worker's training metrics (``_stop_agreed``)."""
 
     order = 2000  # after every callback that may stop training
 
     def __init__(self, callbacks: list):
         super().__init__()
         self._preemptible = [c for c in callbacks if hasattr(c, "_preemption_agreed")]
+        self._stoppable = [c for c in callbacks if hasattr(c, "_stop_agreed")]
 
     def _agree(self, epoch: int | None = None, logs: dict | None = None) -> None:
         from kfit.distributed import _state
@@ -528,6 +530,9 @@ class _AgreedStop(keras.callbacks.Callback):
         if preempted:
             for callback in self._preemptible:
                 callback._preemption_agreed(preempted, epoch, logs)
+        elif stops and epoch is None:  # a checkpoint saves the step where every worker stops (Checkpoint._stop_agreed)
+            for callback in self._stoppable:
+                callback._stop_agreed()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self._agree()

@@ -6,7 +6,8 @@ Each worker writes ``OUT_DIR/<scenario>.rank<r>.{npz,json}``; the test checks th
 
 * ``fit``: kfit.fit data-parallel from different initial weights per worker (broadcast), uneven shares,
   a minibatch-size schedule, minibatches spanning sweeps; records what each worker read.
-* ``stop``: a user's stop on rank 0 only, and a cross-validation stop decided on rank 0 only.
+* ``stop``: a user's stop on rank 0 only, and a cross-validation stop decided on rank 0 only; a stop inside an epoch
+  on rank 0 only, then on rank 1 only, with a Checkpoint, and the runs continued from its file.
 * ``model_fit``: plain model.fit with DistributedOptimizer and Horovod's callbacks (broadcast, metric
   averaging weighted by samples, learning-rate warm-up).
 * ``resume``: kfit.fit resumed from the checkpoint of the job that killed.py killed, and the same run
@@ -160,7 +161,31 @@ def scenario_stop() -> None:
         cv = cross_validation((xv, yv), frequency=20, minibatch_size=10, callback=steer)
         kfit.fit(net, x, y, minibatch_size=10, epochs=5, seed=1, verbose=0, callbacks=[cv])
         info["cv_stop"] = {"samples": kfit.get_clock(net).samples, "calls": calls}
+    # A stop decided inside an epoch on one worker, with a Checkpoint: the run continued from its file
+    # (resume_finished=True) has the History of a run that never stopped.
+    x, y = common.data(40, seed=14)
+
+    def checkpointed(path: str, callbacks: list, resume_finished: bool = False) -> dict:
+        h = kfit.fit(common.resume_model(), x, y, minibatch_size=10, epochs=3, seed=1, verbose=0, callbacks=[
+            *callbacks, kfit.callbacks.Checkpoint(path, epochs=1, async_write=False, resume_finished=resume_finished)])
+        return common.history(h)
+
+    info["checkpointed_stop"] = {"fresh": checkpointed(os.path.join(OUT, "stop_fresh", "model.ckpt"), [])}
+    for who in (0, 1):
+        path = os.path.join(OUT, f"stop_on_rank{who}", "model.ckpt")
+        checkpointed(path, [StopInsideAnEpochOn(who, samples=60)])
+        info["checkpointed_stop"][f"rank{who}"] = checkpointed(path, [], resume_finished=True)
     common.save(out("stop"), {}, info)
+
+
+class StopInsideAnEpochOn(keras.callbacks.Callback):
+    def __init__(self, rank: int, samples: int):
+        super().__init__()
+        self.rank, self.samples = rank, samples
+
+    def on_train_batch_end(self, batch, logs=None):
+        if RANK == self.rank and kfit.get_clock(self.model).samples == self.samples:
+            self.model.stop_training = True
 
 
 # -- model_fit ---------------------------------------------------------------------------------------
