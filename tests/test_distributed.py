@@ -195,6 +195,20 @@ def test_model_fit_with_distributed_optimizer_broadcast_and_warmup_equals_one_pr
 
 
 @pytest.mark.horovod
+def test_kfits_early_stopping_and_plateau_under_model_fit_decide_the_same_on_every_worker(jobs):
+    # Each worker's loss is its own under plain model.fit: rank 1's is far above EarlyStopping's baseline. Without
+    # the average, rank 1 stopped after its first epoch while rank 0 went on and failed in the gradient allreduce
+    # (WorkerLostError); ReduceLROnPlateau would halve the rate on some workers only.
+    (_, i0), (_, i1) = _results(jobs, "model_fit")
+    m0, m1 = i0["monitors"], i1["monitors"]
+    assert m0["early_stopping"]["epochs"] == m1["early_stopping"]["epochs"] == [0]  # the baseline is never beaten
+    assert m0["plateau"]["epochs"] == m1["plateau"]["epochs"] == [0, 1, 2, 3]
+    assert m0["plateau"]["lr"] == m1["plateau"]["lr"] == pytest.approx(0.001 * 0.5 ** 3, rel=1e-6)  # (the first: a best)
+    for name in m0:
+        assert m0[name]["weights"] == m1[name]["weights"], name
+
+
+@pytest.mark.horovod
 def test_metric_average_callback_weights_each_worker_by_its_samples(jobs):
     (_, i0), (_, i1) = _results(jobs, "model_fit")
     m = common.MODEL_FIT

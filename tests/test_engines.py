@@ -380,6 +380,11 @@ def test_a_run_continued_from_a_stop_inside_an_epoch_on_one_worker_has_the_unint
 
 
 @native_only
+def test_kfits_early_stopping_and_plateau_under_model_fit_decide_the_same_on_every_worker(jobs):
+    horovod_checks.test_kfits_early_stopping_and_plateau_under_model_fit_decide_the_same_on_every_worker(jobs)
+
+
+@native_only
 def test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs):
     horovod_checks.test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs)
 

@@ -37,7 +37,9 @@ class EarlyStopping(MonitorCallback):
 
     Args:
         monitor: the value to watch: ``"val_loss"``, ``"val_average_error"`` (CNTK's classification error
-            when the metric is an accuracy), ``"val_<metric>"``, or a training log such as ``"loss"``.
+            when the metric is an accuracy), ``"val_<metric>"``, or a training log such as ``"loss"``. Under
+            plain ``model.fit`` on several workers, an epoch's value is averaged over the workers (each worker's
+            logs are its own there), so that every worker decides alike.
         patience: how long without improvement before stopping: an int in ``unit``, or an interval string,
             ``"3ep"`` (epochs) or ``"6000sp"`` (samples), which sets ``unit``.
         unit: ``"evaluations"`` (the default), ``"samples"`` or ``"epochs"``: the unit of ``patience`` and

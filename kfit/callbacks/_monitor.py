@@ -95,7 +95,8 @@ class MonitorCallback(KfitCallback):
     ``t`` is in the burn-in while ``t <= burn_in``: it updates the best value but decides nothing.
 
     Args:
-        monitor: the logged value to watch (``"val_loss"``, ``"val_average_error"``, ``"val_accuracy"``, ...).
+        monitor: the logged value to watch (``"val_loss"``, ``"val_average_error"``, ``"val_accuracy"``, ...);
+            an epoch's value is averaged over the workers under plain ``model.fit`` on several workers.
         mode: ``"min"``, ``"max"``, or ``"auto"`` (``"max"`` for accuracies, AUC, precision, recall, F1, IoU;
             ``"min"`` otherwise).
         min_delta: the smallest change that counts as an improvement.
@@ -227,7 +228,24 @@ class MonitorCallback(KfitCallback):
                 f"{type(self).__name__}: the monitored value {self.monitor!r} is not in the epoch's logs "
                 f"{sorted(logs)}. Set `monitor` to one of them, or add kfit.callbacks.CrossValidation."
             )
-        self._observe(float(np.asarray(logs[self.monitor])))
+        self._observe(self._agreed_value(float(np.asarray(logs[self.monitor]))))
+
+    def _agreed_value(self, value: float) -> float:
+        """The epoch's monitored ``value``, the same on every worker: under plain ``model.fit`` on several workers
+        each worker's epoch logs are its own (unless ``MetricAverageCallback`` averaged them first), so the value is
+        averaged over the workers, each counting once, as Horovod's ``MetricAverageCallback`` does (one allreduce at
+        each epoch end). A stop decided on one worker alone ended its ``model.fit`` while the others waited for it in
+        the next step's gradient allreduce; a rate reduced on some workers only would train them apart. kfit.fit's
+        logs are averaged already (weighted by samples)."""
+        if self.training_run.agreed_stops:
+            return value
+        from kfit import distributed
+
+        if distributed.size() <= 1:
+            return value
+        from kfit.distributed import _state
+
+        return float(_state.average_logs({self.monitor: value}, 1.0)[self.monitor])
 
     def _observe(self, value: float) -> None:
         self.evaluations += 1

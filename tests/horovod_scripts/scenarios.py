@@ -9,7 +9,8 @@ Each worker writes ``OUT_DIR/<scenario>.rank<r>.{npz,json}``; the test checks th
 * ``stop``: a user's stop on rank 0 only, and a cross-validation stop decided on rank 0 only; a stop inside an epoch
   on rank 0 only, then on rank 1 only, with a Checkpoint, and the runs continued from its file.
 * ``model_fit``: plain model.fit with DistributedOptimizer and Horovod's callbacks (broadcast, metric
-  averaging weighted by samples, learning-rate warm-up).
+  averaging weighted by samples, learning-rate warm-up); kfit's EarlyStopping and ReduceLROnPlateau on each
+  worker's own loss.
 * ``resume``: kfit.fit resumed from the checkpoint of the job that killed.py killed, and the same run
   uninterrupted.
 * ``preempt``: ``Checkpoint(save_on_preemption=True)``, SIGTERM reaching rank 1 alone; the run resumed from the
@@ -235,7 +236,23 @@ def scenario_model_fit() -> None:
             verbose=0, callbacks=callbacks)
     arrays = {f"w{i}": w for i, w in enumerate(common.weights(net))}
     arrays.update({f"init{i}": w for i, w in enumerate(initial)})
-    common.save(out("model_fit"), arrays, {"local": local.epochs, "averaged": averaged.epochs, "lr": rates.values})
+    # kfit's EarlyStopping on the loss of each worker's own shard (no MetricAverageCallback): rank 1's is far above the
+    # baseline, rank 0's below it; then ReduceLROnPlateau likewise. Each decides on the loss averaged over the workers.
+    y_far = y[mine] + (100.0 if RANK == 1 else 0.0)
+    stops = {}
+    for name, monitor in {"early_stopping": kfit.callbacks.EarlyStopping("loss", baseline=50.0, patience=1),
+                          "plateau": kfit.callbacks.ReduceLROnPlateau("loss", patience=0, factor=0.5, min_delta=1e6,
+                                                                      min_delta_mode="absolute")}.items():
+        net = common.model(init_seed=10)
+        net.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=0.001)), loss="mse")
+        net.fit(x[mine], y_far, batch_size=m["batch_size"], epochs=4, shuffle=False, verbose=0, callbacks=[
+            hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+            kfit.callbacks.SampleClock(batch_size=m["batch_size"], num_samples=m["per_worker"]), monitor])
+        lr = kfit.optimizers.hyperparameter_variable(net.optimizer, "learning_rate")
+        stops[name] = {"epochs": list(net.history.epoch), "lr": float(_backend.read_variable(net, lr)),
+                       "weights": [w.tolist() for w in common.weights(net)]}
+    common.save(out("model_fit"), arrays, {"local": local.epochs, "averaged": averaged.epochs, "lr": rates.values,
+                                           "monitors": stops})
 
 
 # -- resume ------------------------------------------------------------------------------------------
