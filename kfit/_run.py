@@ -48,6 +48,14 @@ class RunLoop:
         """An epoch begins (told by every kfit callback whose ``on_epoch_begin`` runs). kfit.fit's History keeps
         its restored epochs: nothing to put back."""
 
+    def member_epoch_ended(self, run: Run, callback: Any) -> None:
+        """``callback``'s ``on_epoch_end`` ran."""
+
+    def after_epoch_end(self, run: Run, action: Any) -> None:
+        """Calls ``action()`` once every kfit callback of the run has ended the epoch. kfit.fit calls its callbacks in
+        their ``order`` (a checkpoint's last): now."""
+        action()
+
     def prepare_restore(self, run: Run, restore: Any) -> int | None:
         """Adjusts a planned restore (``kfit.checkpoint._state.Restore``) before it is applied; returns the epoch the
         loop must start from when the loop cannot resume where the clock stands (else None)."""
@@ -169,6 +177,21 @@ class Run:
         """``callback``'s ``on_train_end`` ran (told to the run's loop)."""
         if self.loop is not None:
             self.loop.member_ended(self, callback)
+
+    def member_epoch_ended(self, callback: Any) -> None:
+        """``callback``'s ``on_epoch_end`` ran (told to the run's loop)."""
+        if self.loop is not None:
+            self.loop.member_epoch_ended(self, callback)
+
+    def after_epoch_end(self, action: Any) -> None:
+        """Calls ``action()`` once every kfit callback of the run has ended the current epoch.
+
+        A checkpoint's save must hold what the others did at the epoch's end, whatever their order in
+        ``model.fit``'s list. Called from a kfit callback's own ``on_epoch_end``."""
+        if self.loop is None:
+            action()
+        else:
+            self.loop.after_epoch_end(self, action)
 
     def epoch_begins(self) -> None:
         """An epoch begins (told to the run's loop)."""

@@ -1,6 +1,7 @@
 """CSVHistory: one row per epoch, cross-validation and test; appended across restarts without duplicates."""
 
 import csv
+import warnings
 
 import keras
 import numpy as np
@@ -156,6 +157,32 @@ def test_under_model_fit_with_a_sample_clock(tmp_path):
     rows = read(path)[1]
     # Epochs of 40 samples end on a minibatch of 8: the scheduled size stays 16.
     assert [(r["samples"], r["minibatches"], r["minibatch_size"]) for r in rows] == [("40", "3", "16"), ("80", "6", "16")]
+
+
+def test_under_model_fit_a_checkpoint_listed_first_resumes_with_every_epochs_row(tmp_path):
+    """model.fit calls its callbacks in the user's order: a Checkpoint listed before CSVHistory saved each epoch
+    before the epoch's row was written, and the resumed run cut that row from the file (epochs 1, 3, 4). The
+    checkpoint now saves once every kfit callback has ended the epoch, whatever their order."""
+    x, y = data(n=40)
+
+    def run(directory, epochs):
+        keras.utils.set_random_seed(0)
+        model = classifier()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the note that model.fit resumes at an epoch's start)
+            model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
+                      callbacks=[kfit.callbacks.Checkpoint(str(directory / "run.ckpt"), epochs=1),
+                                 kfit.callbacks.SampleClock(batch_size=16, num_samples=40),
+                                 CSVHistory(directory / "history.csv")])
+        return [{k: v for k, v in r.items() if k != "time"} for r in read(directory / "history.csv")[1]]
+
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "resumed").mkdir()
+    whole = run(tmp_path / "whole", 4)
+    run(tmp_path / "resumed", 2)
+    resumed = run(tmp_path / "resumed", 4)
+    assert [r["samples"] for r in resumed] == ["40", "80", "120", "160"]
+    assert resumed == whole
 
 
 def test_a_new_result_widens_the_file(tmp_path):

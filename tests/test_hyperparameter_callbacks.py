@@ -224,6 +224,41 @@ def test_the_clock_counts_every_step_of_an_execution_under_plain_model_fit():
     assert seen["kfit.fit"] == seen["model.fit"]
 
 
+@pytest.mark.parametrize("num_samples", [40, None])
+def test_the_clock_counts_no_step_past_the_end_of_data_of_unknown_length(num_samples):
+    """On data whose length Keras does not know (a filtered ``tf.data`` pipeline, a generator), Keras's JAX and
+    TensorFlow loops begin one more step after each epoch's last and find no data for it: the clock counted that
+    step (56 samples for an epoch of 40), and a schedule's epoch boundary fell a step late in every epoch after."""
+    import tensorflow as tf
+
+    x, y = regression_data(40)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda *_: True).batch(16)
+    model = _sgd_mlp()
+    readings = []
+
+    class Reader(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            clock = kfit.get_clock(self.model)
+            readings.append((clock.samples, round(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)), 6)))
+
+        def on_epoch_end(self, epoch, logs=None):
+            readings.append(kfit.get_clock(self.model).samples)
+
+    schedule = kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample([0.01, 0.001], epoch_size=40))
+    model.fit(data, epochs=2, shuffle=False, verbose=0,
+              callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=num_samples), schedule, Reader()])
+    end = 40 if num_samples else 48  # (without num_samples every step counts as 16 samples)
+    # The Reader sees Keras's step past the end too (not on PyTorch), with the clock at the epoch's end (and the
+    # schedule's value there).
+    past = [] if BACKEND == "torch" else [end]
+    assert [r for r in readings if not isinstance(r, tuple)] == [end, 2 * end]
+    last = 8 if num_samples else 16  # the size of each epoch's last step, as the clock counts it
+    assert [r for r in readings if isinstance(r, tuple)] == (
+        [(0, 0.16), (16, 0.16), (32, 0.01 * last)] + [(s, 0.001 * last) for s in past]
+        + [(end, 0.016), (end + 16, 0.016), (end + 32, 0.001 * last)] + [(2 * s, 0.001 * last) for s in past])
+    assert kfit.get_clock(model).samples == 2 * end
+
+
 @pytest.mark.parametrize("loop", ["model.fit", "kfit.fit", "kfit.fit stream"])
 def test_initial_epoch_starts_the_clock_at_that_epoch(loop):
     """``initial_epoch=2`` (Keras's way to go on with a run) starts the clock at epoch 2's first sample on every

@@ -20,8 +20,8 @@ NO_CLOCK_MESSAGE = (
 def _flushing(hook: Any) -> Any:
     """Wraps an epoch/train hook so that the clock has counted the last step (a step is counted at its batch
     end only when some callback makes Keras dispatch batch ends synchronously); marks the run begun, and
-    tells the run's loop when the callback has begun (``on_train_begin``), an epoch begins (``on_epoch_begin``)
-    and the callback has ended (``on_train_end``)."""
+    tells the run's loop when the callback has begun (``on_train_begin``), an epoch begins (``on_epoch_begin``),
+    the callback has ended an epoch (``on_epoch_end``) and the callback has ended (``on_train_end``)."""
 
     name = getattr(hook, "__name__", "hook")
 
@@ -29,6 +29,8 @@ def _flushing(hook: Any) -> Any:
         run = getattr(self, "_run", None)
         if run is None:
             return hook(self, *args, **kwargs)
+        if name == "on_epoch_end" and getattr(run.driver, "epoch_ends", None) is not None:
+            run.driver.epoch_ends(run)  # (a step Keras began past the end of data of unknown length)
         run.flush()
         run.begun = True
         if name == "on_train_begin":
@@ -44,6 +46,17 @@ def _flushing(hook: Any) -> Any:
             return result
         if name == "on_epoch_begin":
             run.epoch_begins()
+        elif name == "on_epoch_end":
+            outermost = not getattr(self, "_kfit_ending_epoch", False)
+            self._kfit_ending_epoch = True
+            try:
+                result = hook(self, *args, **kwargs)
+            finally:
+                if outermost:
+                    self._kfit_ending_epoch = False
+            if outermost:
+                run.member_epoch_ended(self)
+            return result
         try:
             return hook(self, *args, **kwargs)
         finally:
@@ -181,6 +194,10 @@ class KfitCallback(keras.callbacks.Callback):
 
     @_flushing
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        pass
+
+    @_flushing
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         pass
 
     @_flushing

@@ -443,6 +443,10 @@ class Checkpoint(KfitCallback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._raise_swallowed_interrupt()
         self._epochs_done = epoch + 1
+        # After every kfit callback's on_epoch_end (under plain model.fit they may come after this one in its list).
+        self.training_run.after_epoch_end(lambda: self._end_epoch(epoch, logs))
+
+    def _end_epoch(self, epoch: int, logs: dict | None) -> None:
         if self._preempted is not None and not self.training_run.agreed_stops:
             self._preempt_at_epoch_end = True  # (one worker: also a SIGTERM during the epoch's end, validation)
         preempted = self._preempt_at_epoch_end

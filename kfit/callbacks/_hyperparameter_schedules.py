@@ -106,6 +106,13 @@ class _HyperparameterSchedule(KfitCallback):
         self._unchanged = None
         wake(self)
 
+    def _reapply(self) -> None:
+        """Applies the value again at the next step: the one applied may not have reached the optimizer (on JAX,
+        Keras's sync at the end of an epoch of unknown length undoes what was set for its step past the end)."""
+        self._applied = None
+        self._unchanged = None
+        wake(self)
+
     def on_train_begin(self, logs: dict | None = None) -> None:
         wake(self)  # a run that ended without on_train_end may have left the hook asleep
         optimizer = getattr(self._model, "optimizer", None)

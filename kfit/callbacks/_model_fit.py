@@ -45,6 +45,8 @@ class ModelFitLoop(RunLoop):
         self._ended: set[int] = set()
         self._restored = False
         self._noted = False
+        self._ended_epoch: set[int] = set()  # ids of the kfit callbacks whose on_epoch_end has run, this epoch
+        self._after_epoch_end: list = []  # what waits for every kfit callback's on_epoch_end (a checkpoint's save)
 
     def member_began(self, run: _run.Run, callback: Any) -> None:
         self._began.add(id(callback))
@@ -57,7 +59,27 @@ class ModelFitLoop(RunLoop):
             run.history = history if isinstance(history, keras.callbacks.History) else None
         _restore.restore_run(run)
 
+    def member_epoch_ended(self, run: _run.Run, callback: Any) -> None:
+        self._ended_epoch.add(id(callback))
+        if all(id(c) in self._ended_epoch for c in run.members()):
+            self._run_after_epoch_end()
+
+    def after_epoch_end(self, run: _run.Run, action: Any) -> None:
+        # model.fit calls its callbacks in the user's order: a Checkpoint listed before CSVHistory, EarlyStopping...
+        # would save before they have ended the epoch (a resumed run lost the epoch's CSV row).
+        # Called from a kfit callback's on_epoch_end: its own end of the epoch, told next, may be the last one.
+        self._after_epoch_end.append(action)
+        if run.manual:
+            self._run_after_epoch_end()
+
+    def _run_after_epoch_end(self) -> None:
+        actions, self._after_epoch_end = self._after_epoch_end, []
+        for action in actions:
+            action()
+
     def epoch_begins(self, run: _run.Run) -> None:
+        self._ended_epoch.clear()
+        self._run_after_epoch_end()  # (none left: every kfit callback ends each epoch)
         # Keras's History empties its epoch list in its on_train_begin, which comes after every kfit callback's.
         if run.restored_history_epochs is not None:
             if run.history is not None and not run.history.epoch:
@@ -66,6 +88,7 @@ class ModelFitLoop(RunLoop):
         self._forget_initial_epoch(run)  # model.fit has read it (right after on_train_begin)
 
     def member_ended(self, run: _run.Run, callback: Any) -> None:
+        self._run_after_epoch_end()  # (none left: every kfit callback ends each epoch)
         self._forget_initial_epoch(run)  # (also when a restored finished run trained no epoch)
         self._ended.add(id(callback))
         if not run.manual and all(id(c) in self._ended for c in run.members()):
@@ -120,6 +143,10 @@ class FitDriver(StepDriver):
         self.per_call = _backend.steps_per_execution(model)  # steps one hook of Keras's covers
         self.sleepers: list = []
         self.wake_at: tuple | None = None
+        #: The clock at the start of the epoch, where Keras does not know the epoch's length and no ``num_samples``
+        #: was given (one worker): :meth:`epoch_ends` checks the epoch's last step then (else None).
+        self.epoch_start: int | None = None
+        self.past_end = False  # Keras began a step past the end of the epoch's data (see batch_begin)
 
     def sleep(self, callback: Any, size: int, samples_until: float, minibatches_until: float) -> None:
         """Turns ``callback``'s batch-begin hook off while the steps are of ``size`` and the clock is below
@@ -152,6 +179,12 @@ class FitDriver(StepDriver):
             else:
                 clock.samples += pending[0]  # the previous step finished (one size: its own, counted once)
                 clock.minibatches += 1
+            if batch and self.num_samples is not None and clock.samples % self.num_samples == 0:
+                # Data of unknown length (a generator, a filtered tf.data): Keras's JAX and TensorFlow loops begin
+                # one more step after the epoch's last and find no data for it. The clock is at the epoch's end.
+                self.pending, self.pending_batch = None, batch  # (planned: the next kfit callback asks no more)
+                self.past_end = True
+                return False
         if several:
             sizes = self._execution_sizes(clock)
             size = sizes[0]
@@ -171,6 +204,26 @@ class FitDriver(StepDriver):
         if wake_at is not None and (size != wake_at[0] or clock.samples >= wake_at[1] or clock.minibatches >= wake_at[2]):
             self.wake_sleepers()
         return True
+
+    def epoch_ends(self, run: _run.Run) -> None:
+        """Drops the step begun last when the epoch's data had ended before it (see :meth:`batch_begin`): on data of
+        unknown length, without ``num_samples``, Keras's own count of the epoch's samples (its loss tracker, synced
+        at the epoch's end) tells whether it ran. The schedules then apply their values again at the next step (on
+        JAX, the epoch's sync put back the state of the last step that ran, without what was set for that one)."""
+        pending, start, clock = self.pending, self.epoch_start, run.clock
+        if pending is not None and start is not None and self.num_samples is None:
+            trained = _backend.samples_counted_by_keras(self.model)
+            # Every step before the pending one was a full one (only the last step of data is short): had the
+            # pending step run, Keras would have counted more samples than the clock has without it.
+            if trained is not None and clock.samples - start >= trained:
+                self.pending = self.pending_batch = None
+                self.past_end = True
+        if self.past_end:
+            self.past_end = False
+            for callback in run.members():
+                reapply = getattr(callback, "_reapply", None)
+                if reapply is not None:
+                    reapply()
 
     def _execution_sizes(self, clock: Clock) -> list[int]:
         """``compile(steps_per_execution=N)``: the sizes of the up to ``N`` steps of the call that Keras's hook begins

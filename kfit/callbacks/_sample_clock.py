@@ -21,7 +21,9 @@ class SampleClock(KfitCallback):
     ``compile(steps_per_execution=N)`` Keras calls the batch hooks once per call of up to ``N`` steps; the clock
     counts every one of them (values set by schedules change between calls, as Keras allows). A ``batch_size``
     that is not ``model.fit``'s is refused with an error at the second step (where the model trains with Keras's
-    own ``train_step``, on one worker: its loss tracker counts the samples each step held).
+    own ``train_step``, on one worker: its loss tracker counts the samples each step held). On data of unknown
+    length (a generator, a filtered ``tf.data`` pipeline) the step Keras begins past the end of an epoch's data is not
+    counted.
 
     Args:
         batch_size: the ``batch_size`` given to ``model.fit``.
@@ -43,6 +45,7 @@ class SampleClock(KfitCallback):
         self.num_samples = _checks.count("num_samples", num_samples, low=1, allow_none=True)
         self._steps_per_epoch: int | None = None  # model.fit's steps per epoch, known at on_train_begin
         self._epoch_start: int | None = None  # the clock at the first epoch's start, until its first step is checked
+        self._unknown_length = False  # model.fit does not know how many steps an epoch has (one worker)
 
     def set_model(self, model: Any) -> None:
         super().set_model(model)
@@ -67,6 +70,7 @@ class SampleClock(KfitCallback):
             clock.epoch_size = steps * self.batch_size
         self._steps_per_epoch = steps
         self._epoch_start = None
+        self._unknown_length = steps is None and distributed.size() == 1  # (see FitDriver.epoch_ends)
         if isinstance(self.training_run.driver, FitDriver) and distributed.size() == 1:
             self.on_train_batch_begin = self._check_first_step  # (this run's first epoch only; see there)
 
@@ -77,6 +81,9 @@ class SampleClock(KfitCallback):
         if epoch > 0 and clock.samples == 0 and clock.minibatches == 0 and clock.epoch_size:
             steps = self._steps_per_epoch or math.ceil(clock.epoch_size / self.batch_size)
             clock.samples, clock.minibatches = epoch * clock.epoch_size, epoch * steps
+        driver = self.training_run.driver
+        if isinstance(driver, FitDriver):
+            driver.epoch_start = clock.samples if self._unknown_length else None
         if self.__dict__.get("on_train_batch_begin") is not None:
             if self._epoch_start is None:
                 self._epoch_start = clock.samples
