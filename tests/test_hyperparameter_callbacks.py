@@ -381,6 +381,20 @@ def test_callbacks_without_a_clock_say_how_to_fix_it():
         kfit.callbacks.SampleClock(batch_size=0)
 
 
+def test_a_sample_clock_given_twice_is_refused_and_the_next_fit_runs():
+    """Two SampleClocks: the last one handed the model drove the clock, and the first one's check at the second step
+    blamed itself ("SampleClock(batch_size=16) counted 8 samples ... give SampleClock the batch_size given to
+    model.fit", where 16 was model.fit's). Refused as training begins, naming both; the next model.fit starts fresh."""
+    x, y = regression_data(48)
+    model = _sgd_mlp()
+    with pytest.raises(ValueError, match=r"more than one kfit.callbacks.SampleClock: SampleClock\(batch_size=16, "
+                                         r"num_samples=None\), SampleClock\(batch_size=8, num_samples=None\)"):
+        model.fit(x, y, batch_size=16, verbose=0,
+                  callbacks=[kfit.callbacks.SampleClock(batch_size=16), kfit.callbacks.SampleClock(batch_size=8)])
+    model.fit(x, y, batch_size=16, verbose=0, callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=48)])
+    assert kfit.get_clock(model).samples == 48
+
+
 @pytest.mark.parametrize("steps_per_execution", [1, 3])
 def test_a_sample_clock_given_another_batch_size_than_model_fit_is_refused_at_the_second_step(steps_per_execution):
     """Without num_samples nothing else shows the mismatch: the schedule would run at half the clock, silently."""

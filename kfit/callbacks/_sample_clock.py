@@ -23,7 +23,7 @@ class SampleClock(KfitCallback):
     that is not ``model.fit``'s is refused with an error at the second step (where the model trains with Keras's
     own ``train_step``, on one worker: its loss tracker counts the samples each step held). On data of unknown
     length (a generator, a filtered ``tf.data`` pipeline) the step Keras begins past the end of an epoch's data is not
-    counted.
+    counted. Give it once: a second ``SampleClock`` in the same ``model.fit`` is refused as training begins.
 
     Args:
         batch_size: the ``batch_size`` given to ``model.fit``.
@@ -55,6 +55,14 @@ class SampleClock(KfitCallback):
             run.driver = FitDriver(model, self.batch_size, self.num_samples)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        clocks = [c for c in self.training_run.members() if isinstance(c, SampleClock)]
+        if len(clocks) > 1:
+            # (the last one handed the model would drive the clock, and the others' checks would blame themselves)
+            raise ValueError(
+                "model.fit's callbacks hold more than one kfit.callbacks.SampleClock: "
+                f"{', '.join(f'SampleClock(batch_size={c.batch_size}, num_samples={c.num_samples})' for c in clocks)}. "
+                "Give it once, with model.fit's batch_size."
+            )
         clock = self.clock
         steps = (self.params or {}).get("steps")
         if self.num_samples is not None:
