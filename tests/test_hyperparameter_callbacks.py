@@ -395,6 +395,36 @@ def test_a_sample_clock_given_twice_is_refused_and_the_next_fit_runs():
     assert kfit.get_clock(model).samples == 48
 
 
+@pytest.mark.parametrize("last_batch", [16, 2], ids=["full-minibatches", "short-last-minibatch"])
+def test_a_keras_callback_that_changes_a_scheduled_rate_is_refused(last_batch):
+    """Keras's ReduceLROnPlateau next to kfit's LearningRateSchedule: its cut held while the schedule's value and the
+    minibatch size held, and was undone at the next change (a short last minibatch undid it at the next epoch's
+    first step). kfit.fit refuses the pair as it starts; under model.fit the changed rate is found at the next epoch's
+    start, and refused saying what to use."""
+    x, y = regression_data(48 + last_batch % 16)
+    schedule = kfit.schedules.learning_rate_per_minibatch(0.01)
+    plateau = keras.callbacks.ReduceLROnPlateau("loss", patience=0, min_delta=100.0, factor=0.5)
+    with pytest.raises(ValueError, match=r"keras.callbacks.ReduceLROnPlateau and kfit.callbacks.LearningRateSchedule "
+                                         r"both set.*kfit.callbacks.ReduceLROnPlateau"):
+        kfit.fit(_sgd_mlp(), x, y, minibatch_size=16, epochs=3, verbose=0,
+                 callbacks=[kfit.callbacks.LearningRateSchedule(schedule), plateau])
+    model = _sgd_mlp()
+    with pytest.raises(ValueError, match=r"learning rate was changed from 0.01 \(set by kfit's LearningRateSchedule\) "
+                                         r"to 0.005 by another callback before epoch 3 began.*kfit.callbacks.ReduceLROnPlateau"):
+        model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0,
+                  callbacks=[plateau, kfit.callbacks.SampleClock(batch_size=16, num_samples=len(x)),
+                             kfit.callbacks.LearningRateSchedule(schedule)])
+    # kfit's own ReduceLROnPlateau scales the schedule's rate and goes on.
+    model = _sgd_mlp()
+    history = model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0,
+                        callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=len(x)),
+                                   kfit.callbacks.LearningRateSchedule(schedule),
+                                   kfit.callbacks.ReduceLROnPlateau("loss", patience=0, min_delta=100.0, factor=0.5)])
+    assert len(history.history["loss"]) == 3
+    assert history.history["learning_rate"][0] == pytest.approx(0.01)
+    assert float(np.asarray(model.optimizer.learning_rate)) == pytest.approx(0.005, rel=1e-6)  # its cut, kept
+
+
 @pytest.mark.parametrize("steps_per_execution", [1, 3])
 def test_a_sample_clock_given_another_batch_size_than_model_fit_is_refused_at_the_second_step(steps_per_execution):
     """Without num_samples nothing else shows the mismatch: the schedule would run at half the clock, silently."""

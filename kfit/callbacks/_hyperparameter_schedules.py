@@ -275,6 +275,24 @@ class LearningRateSchedule(_HyperparameterSchedule):
         """
         self.reset(values)
 
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        super().on_epoch_begin(epoch, logs)
+        applied = self._applied
+        if applied is None:  # nothing applied yet, or to be applied again at the next step
+            return
+        # Once an epoch (one read; Keras syncs the state at the epoch's end anyway): the rate set is still there,
+        # unless another callback changed it (Keras's ReduceLROnPlateau or LearningRateScheduler): the schedule would
+        # then undo the change at its next value or minibatch size and keep it until then, a run no one can predict.
+        found = float(np.asarray(_backend.read_variable(self._model, self._variable)))
+        if not math.isclose(found, applied, rel_tol=1e-6, abs_tol=1e-12):
+            raise ValueError(
+                f"The optimizer's learning rate was changed from {applied:g} (set by kfit's LearningRateSchedule) to "
+                f"{found:g} by another callback before epoch {epoch + 1} began, e.g. keras.callbacks.ReduceLROnPlateau or "
+                "LearningRateScheduler. The schedule sets the rate before each step and would keep or undo that change "
+                "depending on the minibatch size. To reduce the rate on a plateau use kfit.callbacks.ReduceLROnPlateau "
+                "(it scales the schedule's rate); to change the rate from a callback call the schedule's "
+                "reset_learning_rate(values); or leave the LearningRateSchedule out.")
+
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         super().on_epoch_end(epoch, logs)
         if logs is not None:  # the optimizer's rate now, as Keras's LearningRateScheduler logs it

@@ -237,6 +237,16 @@ def _check_open(name: str, data: Any) -> None:
 
 def _check_callbacks(callbacks: list) -> None:
     from kfit.callbacks._checkpoint import Checkpoint
+    from kfit.callbacks._hyperparameter_schedules import LearningRateSchedule
+
+    keras_rate = [c for c in callbacks if isinstance(
+        c, (keras.callbacks.ReduceLROnPlateau, keras.callbacks.LearningRateScheduler))]
+    if keras_rate and any(isinstance(c, LearningRateSchedule) for c in callbacks):
+        raise ValueError(
+            f"keras.callbacks.{type(keras_rate[0]).__name__} and kfit.callbacks.LearningRateSchedule both set the "
+            "optimizer's learning rate; the schedule, which sets it before each step, would keep or undo Keras's change "
+            "depending on the minibatch size. Give one: to reduce the rate on a plateau next to a schedule use "
+            "kfit.callbacks.ReduceLROnPlateau (it scales the schedule's rate).")
 
     if any(isinstance(c, keras.callbacks.BackupAndRestore) for c in callbacks) and any(
             isinstance(c, Checkpoint) for c in callbacks):
