@@ -259,6 +259,33 @@ def test_the_clock_counts_no_step_past_the_end_of_data_of_unknown_length(num_sam
     assert kfit.get_clock(model).samples == 2 * end
 
 
+@pytest.mark.parametrize("samples, steps_per_execution", [(10, 1), (40, 3)])
+def test_data_of_unknown_length_whose_first_steps_end_it_is_not_taken_for_a_wrong_batch_size(samples, steps_per_execution):
+    """Data of unknown length whose first call of the train function holds the data's short last step (10 samples in
+    minibatches of 16; 40 in 16, 16, 8 with steps_per_execution=3): the clock counts that step as 16 (its size is
+    not known then), and the check of the clock's batch_size against Keras's count refused a right batch_size
+    ("counted 48 samples ... but model.fit trained 40: give SampleClock the batch_size given to model.fit")."""
+    import tensorflow as tf
+
+    if BACKEND == "torch" and steps_per_execution > 1:
+        pytest.skip("Keras: steps_per_execution must be 1 with the PyTorch backend")
+    x, y = regression_data(samples)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda *_: True).batch(16)
+    model = mlp()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse", steps_per_execution=steps_per_execution)
+    history = model.fit(data, epochs=2, verbose=0, callbacks=[
+        kfit.callbacks.SampleClock(batch_size=16),
+        kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(0.001))])
+    assert len(history.history["loss"]) == 2
+    steps = math.ceil(samples / 16)  # each counted as 16 samples without num_samples
+    assert kfit.get_clock(model).samples == 2 * 16 * steps
+    # A wrong batch_size is still refused on such data.
+    with pytest.raises(ValueError, match=r"give SampleClock the batch_size given to model.fit"):
+        model.fit(data.unbatch().batch(8), epochs=1, verbose=0, callbacks=[
+            kfit.callbacks.SampleClock(batch_size=16),
+            kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(0.001))])
+
+
 @pytest.mark.parametrize("loop", ["model.fit", "kfit.fit", "kfit.fit stream"])
 def test_initial_epoch_starts_the_clock_at_that_epoch(loop):
     """``initial_epoch=2`` (Keras's way to go on with a run) starts the clock at epoch 2's first sample on every

@@ -102,14 +102,22 @@ class SampleClock(KfitCallback):
         """``on_train_batch_begin`` until the run's first step has been counted: then the samples Keras's own
         ``train_step`` counted in it (its loss tracker) must be the ones this clock counted, else the
         ``batch_size`` given here is not ``model.fit``'s and every schedule would run on a wrong clock, silently.
-        Checked once, at the second step (a state sync on JAX, once); a model with its own ``train_step`` is not
-        checked."""
+        Checked once, at the second step (a state sync on JAX, once); on data of unknown length, whose short last
+        step the clock counts as ``batch_size``, at the first step where the counts can mean one thing only. A model
+        with its own ``train_step`` is not checked."""
         KfitCallback.on_train_batch_begin(self, batch, logs)
         if batch == 0 or self._epoch_start is None:
             return
-        del self.on_train_batch_begin  # checked: the hot path is the base's again
         counted = self.clock.samples - self._epoch_start
         trained = _backend.samples_counted_by_keras(self.model)
+        if (self._unknown_length and _backend.BACKEND != "torch" and trained
+                and counted - self.batch_size < trained < counted):
+            # Data of unknown length: Keras's JAX and TensorFlow loops begin one step past the data's end, so the
+            # steps counted may end with the data's short last one, counted as batch_size (its size is not known
+            # then); or batch_size is not model.fit's. A step that follows in this epoch tells (the check goes on
+            # there); the epoch's end (on_epoch_begin) accepts it.
+            return
+        del self.on_train_batch_begin  # checked: the hot path is the base's again
         if trained and trained != counted:
             raise ValueError(
                 f"SampleClock(batch_size={self.batch_size}) counted {counted} samples in model.fit's first "
