@@ -548,6 +548,22 @@ def test_keep_prunes_to_the_newest(tmp_path):
     assert os.listdir(tmp_path) == ["run.ckpt"]  # keep=1: only the newest, no numbered files
 
 
+@pytest.mark.parametrize("history", [dict(keep=2), dict(preserve_all=True)])
+def test_a_run_started_over_replaces_the_numbered_checkpoints_an_earlier_run_left(tmp_path, history):
+    """An earlier, longer run left run.ckpt.152 and .180; a run started over with restore=False saved at 56 and
+    108. Its own numbered files were pruned as the oldest, and the next restore resumed the earlier run at 180."""
+    x, y = data()
+    path = tmp_path / "run.ckpt"
+    kfit.fit(make_model(), x, y, epochs=3, callbacks=[kfit.callbacks.Checkpoint(path, frequency=50, **history)], **FIT)
+    kfit.fit(make_model(), x, y, epochs=5, max_samples=108,
+             callbacks=[kfit.callbacks.Checkpoint(path, frequency=50, restore=False, **history)], **FIT)
+    assert sorted(os.listdir(tmp_path)) == ["run.ckpt", "run.ckpt.108", "run.ckpt.56"]
+    assert list_checkpoints(path)[0] == (108, str(path))
+    callback = kfit.callbacks.Checkpoint(path, frequency=50, **history)
+    kfit.fit(make_model(), x, y, epochs=5, max_samples=120, callbacks=[callback], **FIT)
+    assert callback.restored_from.samples == 108  # the run that was started over goes on, not the earlier one
+
+
 # -- plain model.fit -----------------------------------------------------------------------------------
 def test_plain_model_fit_saves_and_restores_what_it_can(tmp_path):
     x, y = data(96)

@@ -122,7 +122,8 @@ class Checkpoint(KfitCallback):
     and ``fit`` returns the restored history. To go on instead: raise ``epochs`` or ``max_samples`` beyond
     the recorded end (a complete run continues to the new bound), or pass ``resume_finished=True`` (a
     stopped run continues; the stop marks of kfit's controllers are cleared, their counters kept). To start
-    over: ``restore=False``, or delete the checkpoint files.
+    over: ``restore=False``, or delete the checkpoint files (a run that did not resume replaces, at its first save,
+    the ``path.<samples>`` files an earlier run left, which would otherwise pass for newer states of it).
 
     Faults. A write that fails (a full disk, an I/O error, a read-only file system) raises a
     :class:`~kfit.checkpoint.CheckpointWriteError` naming the path and the cause (``on_write_error="warn"``:
@@ -686,9 +687,12 @@ class Checkpoint(KfitCallback):
         if samples is None:  # plain model.fit without a SampleClock: number by epochs
             samples = self._epochs_done
         path, keep, preserve_all = self.path, self.keep, self.preserve_all
+        # A run that did not resume replaces what an earlier run left at the path (restore=False: start over).
+        starts_over = self.saves == 0 and self.restored_from is None
 
         def job() -> None:
-            _format.write_checkpoint(path, arrays, meta, samples, keep=keep, preserve_all=preserve_all)
+            _format.write_checkpoint(path, arrays, meta, samples, keep=keep, preserve_all=preserve_all,
+                                     starts_over=starts_over)
 
         self.saves += 1
         self._steps_unsaved = 0

@@ -569,15 +569,24 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
 
 
 def write_checkpoint(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict[str, Any], samples: int,
-                     keep: int = 1, preserve_all: bool = False) -> str:
+                     keep: int = 1, preserve_all: bool = False, starts_over: bool = False) -> str:
     """Writes the newest checkpoint to ``path``; with ``preserve_all`` or ``keep > 1`` also as ``PATH.<samples>``,
     then removes numbered checkpoints beyond the newest ``keep`` (none with ``preserve_all``).
+
+    ``starts_over``: the first checkpoint of a run that did not resume from ``path``: once it is written, every
+    numbered checkpoint an earlier run left there is removed (by its sample count it would pass for a newer state
+    of this run, and a restore would resume the earlier run; ``keep=1`` removes them in any case).
 
     Returns:
         The checksum of the written file.
     """
     history = preserve_all or keep > 1
-    checksum = write_file(path, arrays, meta, numbered=numbered_path(path, samples) if history else None)
+    numbered = numbered_path(path, samples) if history else None
+    checksum = write_file(path, arrays, meta, numbered=numbered)
+    if starts_over:
+        for saved_at, file in numbered_files(path):
+            if numbered is None or saved_at != int(samples):
+                _remove_quietly(file)
     if not preserve_all:
         prune(path, keep if history else 0)
     return checksum
