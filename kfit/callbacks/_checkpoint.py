@@ -254,6 +254,7 @@ class Checkpoint(KfitCallback):
         self.saves = 0
         #: How many writes of the last run failed (with ``on_write_error="warn"``).
         self.failed_writes = 0
+        self._replaced_earlier_run = False
         self._writer = _BackgroundWriter()
         self._lock = _lock.PathLock(path, f"kfit Checkpoint callback {self.name!r}", active=self._holds_run,
                                     taken_over=self._run_ended)
@@ -293,6 +294,7 @@ class Checkpoint(KfitCallback):
         self.interrupted = False
         self._saved_status = None
         self.saves = 0
+        self._replaced_earlier_run = False
         self.failed_writes = 0
         self._preempted = None
         self._preempt_at_epoch_end = False
@@ -688,11 +690,14 @@ class Checkpoint(KfitCallback):
             samples = self._epochs_done
         path, keep, preserve_all = self.path, self.keep, self.preserve_all
         # A run that did not resume replaces what an earlier run left at the path (restore=False: start over).
-        starts_over = self.saves == 0 and self.restored_from is None
+        # (Until a first write succeeds: one that failed with on_write_error="warn" removed nothing.)
+        starts_over = self.restored_from is None and not self._replaced_earlier_run
 
         def job() -> None:
             _format.write_checkpoint(path, arrays, meta, samples, keep=keep, preserve_all=preserve_all,
                                      starts_over=starts_over)
+            if starts_over:
+                self._replaced_earlier_run = True
 
         self.saves += 1
         self._steps_unsaved = 0
