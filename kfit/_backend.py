@@ -346,6 +346,13 @@ def fit_reads_a_first_batch(model: Any) -> bool:
             or (loss is not None and not loss.built))
 
 
+def compiled_metrics_unbuilt(model: Any) -> bool:
+    """True when the metrics given to ``compile`` have no variables yet (Keras builds them at the first training
+    or evaluation step). Keras internal (``Trainer._compile_metrics``), checked against Keras 3.10-3.15."""
+    metrics = getattr(model, "_compile_metrics", None)
+    return metrics is not None and not metrics.built
+
+
 def build(model: Any, batch: Any) -> None:
     """Builds the model, its metrics and its optimizer from one batch (as ``model.fit`` would on its first
     step), so that a checkpoint restored when training begins finds every variable.

@@ -304,6 +304,27 @@ def test_a_model_built_twice_in_one_process_loads_by_position(tmp_path):
     assert_same_state(first, second)
 
 
+def test_loading_into_a_model_compiled_anew_says_nothing_of_a_misfit(tmp_path):
+    """A trained model's checkpoint (its compiled metrics built) loaded into the same model compiled anew, whose
+    compiled metrics Keras builds only at its first step: that warned that the checkpoint 'does not fit this model'
+    and to restore 'into a model built like the one that saved it' (which it was)."""
+    x, y = data()
+    trained = built(make_model(), x)
+    trained.evaluate(x, y, verbose=0)  # builds the compiled metrics ("mae")
+    at_epoch_end, mid_epoch = tmp_path / "end.ckpt", tmp_path / "mid.ckpt"
+    kfit.save_checkpoint(at_epoch_end, trained, clock=kfit.Clock(samples=120, minibatches=15, epoch_size=60))
+    kfit.save_checkpoint(mid_epoch, trained, clock=kfit.Clock(samples=130, minibatches=16, epoch_size=60))
+    keras.backend.clear_session()
+    fresh = built(make_model(), x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # at an epoch's end the metric state is reset before it counts again
+        kfit.load_checkpoint(at_epoch_end, fresh)
+    assert [np.array_equal(a, b) for a, b in zip(state(trained), state(fresh), strict=True)] == [True] * len(state(fresh))
+    with pytest.warns(UserWarning, match="compiled metrics are not built yet") as caught:
+        kfit.load_checkpoint(mid_epoch, fresh)
+    assert not any("does not fit" in str(w.message) for w in caught)
+
+
 # -- damaged, missing and mismatched files --------------------------------------------------------------
 def saved_model(tmp_path):
     x, _ = data()

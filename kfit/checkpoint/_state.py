@@ -559,7 +559,15 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
         try:
             pairs, notes = _worker_metrics(model, variables["metrics"], meta, arrays, file, rank, size)
         except CheckpointMismatchError as mismatch:
-            restore.notes.append(f"The training metrics are not restored (they start afresh): {mismatch}")
+            if _backend.compiled_metrics_unbuilt(model):  # a model compiled anew, before its first step
+                if (meta.get("summary") or {}).get("samples_in_epoch"):  # (at an epoch's end nothing is lost)
+                    restore.notes.append(
+                        f"The training metrics of the checkpoint {file!r} are not restored (they start afresh): "
+                        "this model's compiled metrics are not built yet (Keras builds them at the first training "
+                        "or evaluation step), so the epoch it resumes in leaves out what was trained in it before "
+                        "the checkpoint. To restore them, evaluate the model on one batch before restoring.")
+            else:
+                restore.notes.append(f"The training metrics are not restored (they start afresh): {mismatch}")
         else:
             restore.notes += notes
             restore.assignments += pairs or []
