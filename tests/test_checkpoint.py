@@ -405,10 +405,25 @@ def test_wrong_optimizer_is_refused(tmp_path):
     x, _ = data()
     model = built(make_model(optimizer="adam"), x)
     before = state(model)
-    with pytest.raises(CheckpointMismatchError, match="saved with a MomentumSGD optimizer.*this model's optimizer is a Adam"):
+    with pytest.raises(CheckpointMismatchError, match="saved with a MomentumSGD optimizer.*this model's optimizer is an Adam"):
         kfit.load_checkpoint(path, model)
     for a, b in zip(before, state(model), strict=True):
         assert np.array_equal(a, b)
+
+
+def test_a_checkpoint_of_another_dtype_policy_is_refused_naming_the_policy(tmp_path):
+    """A float32 run's checkpoint loaded into the model built under mixed_float16 (whose optimizer Keras wraps in a
+    LossScaleOptimizer): the error named only two optimizer classes, not the policy the user changed."""
+    _, path = saved_model(tmp_path)
+    x, _ = data()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = built(make_model(), x)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    with pytest.raises(CheckpointMismatchError, match="saved with a MomentumSGD optimizer, and this model's optimizer "
+                       "is a LossScaleOptimizer.*under the dtype policy.*this model's policy is 'mixed_float16'"):
+        kfit.load_checkpoint(path, model)
 
 
 def test_missing_file(tmp_path):

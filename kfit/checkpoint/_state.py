@@ -459,20 +459,33 @@ class _Restore:
     reset_metrics: bool = False  # this worker's training metrics start from their reset state
 
 
+def _a(name: str) -> str:
+    """``Adam`` -> ``an Adam``, ``SGD`` -> ``an SGD``, ``MomentumSGD`` -> ``a MomentumSGD``."""
+    return ("an " if name[:1] in "AEIOU" or name.startswith(("SGD", "RMS")) else "a ") + name
+
+
+def _policy_name(model: Any) -> str:
+    policy = getattr(model, "dtype_policy", None)
+    return getattr(policy, "name", None) or keras.config.dtype_policy().name
+
+
 def _build_optimizer(model: Any, meta: dict, file: str) -> None:
     optimizer = getattr(model, "optimizer", None)
     saved = meta.get("optimizer")
     if saved is None or optimizer is None:
         if saved is not None and meta["variables"]["optimizer"]:
             raise CheckpointMismatchError(
-                f"The checkpoint {file!r} holds the state of a {saved['class']} optimizer, and the model has no "
+                f"The checkpoint {file!r} holds the state of {_a(saved['class'])} optimizer, and the model has no "
                 "optimizer. Compile the model with the optimizer it was trained with before restoring."
             )
         return
     if saved["class"] != type(optimizer).__name__:
+        scaled = "LossScaleOptimizer" in (saved["class"], type(optimizer).__name__)
         raise CheckpointMismatchError(
-            f"The checkpoint {file!r} was saved with a {saved['class']} optimizer, and this model's optimizer is a "
-            f"{type(optimizer).__name__}. Compile the model with the optimizer it was trained with."
+            f"The checkpoint {file!r} was saved with {_a(saved['class'])} optimizer, and this model's optimizer is "
+            f"{_a(type(optimizer).__name__)}. Compile the model with the optimizer it was trained with"
+            + (" and under the dtype policy it was trained under (Keras wraps the optimizer in a LossScaleOptimizer "
+               f"under the mixed_float16 policy; this model's policy is {_policy_name(model)!r})." if scaled else ".")
         )
     if not optimizer.built and meta["variables"]["optimizer"]:
         if not model.trainable_variables:
