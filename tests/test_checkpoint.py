@@ -411,6 +411,45 @@ def test_wrong_optimizer_is_refused(tmp_path):
         assert np.array_equal(a, b)
 
 
+_SAVE_ON_ANOTHER_BACKEND = """
+import sys, numpy as np, keras, kfit
+sys.path.insert(0, sys.argv[3])
+from test_checkpoint import FIT, data, make_model
+x, y = data()
+model = make_model()
+kfit.fit(model, x, y, epochs=5, max_samples=152, callbacks=[kfit.callbacks.Checkpoint(sys.argv[1], frequency=70)], **FIT)
+np.savez(sys.argv[2], *[keras.ops.convert_to_numpy(v.value) for v in model.variables + model.optimizer.variables])
+"""
+
+
+def test_a_checkpoint_written_on_another_backend_resumes_from_its_weights(tmp_path):
+    """Written mid-epoch on another backend: the weights, optimizer slots, clock and data position are restored,
+    with a warning that the run goes on from them but not bit-identically (the README says so)."""
+    import subprocess
+    import sys
+
+    other = {"tensorflow": "jax", "jax": "torch", "torch": "tensorflow"}[keras.backend.backend()]
+    path, saved = tmp_path / "run.ckpt", tmp_path / "saved.npz"
+    env = dict(os.environ, KERAS_BACKEND=other)
+    done = subprocess.run([sys.executable, "-c", _SAVE_ON_ANOTHER_BACKEND, str(path), str(saved),
+                           os.path.dirname(__file__)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_checkpoint_info(path).backend == other
+    x, y = data()
+    model = built(make_model(), x)
+    with pytest.warns(UserWarning, match=f"written on the {other} backend and is restored on "
+                      f"{keras.backend.backend()}: the run goes on from the same weights, but not bit-identically"):
+        kfit.load_checkpoint(path, model)
+    expected = np.load(saved)
+    got = state(model)
+    assert all(np.array_equal(expected[f"arr_{i}"], value) for i, value in enumerate(got)) and len(expected) == len(got)
+    callback = kfit.callbacks.Checkpoint(path, frequency=70)
+    with pytest.warns(UserWarning, match=f"written on the {other} backend"):
+        history = kfit.fit(make_model(), x, y, epochs=5, callbacks=[callback], **FIT)
+    assert callback.restored_from.samples == 152 and history.epoch == [0, 1, 2, 3, 4]
+    assert list_checkpoints(path)[0][0] == 300
+
+
 def test_a_checkpoint_of_another_dtype_policy_is_refused_naming_the_policy(tmp_path):
     """A float32 run's checkpoint loaded into the model built under mixed_float16 (whose optimizer Keras wraps in a
     LossScaleOptimizer): the error named only two optimizer classes, not the policy the user changed."""
