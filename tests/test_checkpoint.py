@@ -411,6 +411,45 @@ def test_wrong_optimizer_is_refused(tmp_path):
         assert np.array_equal(a, b)
 
 
+class _TwoDense(keras.Model):
+    """A subclassed model; with ``own_build`` its build() creates nothing (its layers are built when called)."""
+
+    def __init__(self, own_build: bool = False):
+        super().__init__()
+        self.hidden, self.out = keras.layers.Dense(8), keras.layers.Dense(1)
+        self.own_build = own_build
+
+    def build(self, input_shape):
+        if not self.own_build:
+            super().build(input_shape)
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+
+def test_a_subclassed_model_without_variables_is_refused_saying_how_to_build_it(tmp_path):
+    """A model whose own build() creates no variable was told it 'is not built' and to call model.build(), which
+    the user had done."""
+    x, _ = data()
+    saved = _TwoDense()
+    saved.compile(optimizer="sgd", loss="mse")
+    saved(x[:2])
+    kfit.save_checkpoint(tmp_path / "c.ckpt", saved)
+    unbuilt = _TwoDense()
+    unbuilt.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(CheckpointMismatchError, match=r"The model is not built.*model.build\(input_shape\)"):
+        kfit.load_checkpoint(tmp_path / "c.ckpt", unbuilt)
+    own = _TwoDense(own_build=True)
+    own.compile(optimizer="sgd", loss="mse")
+    own.build((None, 4))
+    with pytest.raises(CheckpointMismatchError, match=r"it is built, but its build\(\) created none.*Call it on a "
+                       "batch first"):
+        kfit.load_checkpoint(tmp_path / "c.ckpt", own)
+    own(x[:2])
+    kfit.load_checkpoint(tmp_path / "c.ckpt", own)
+    assert all(np.array_equal(a, b) for a, b in zip(state(saved), state(own), strict=True))
+
+
 _SAVE_ON_ANOTHER_BACKEND = """
 import sys, numpy as np, keras, kfit
 sys.path.insert(0, sys.argv[3])

@@ -560,6 +560,12 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
             f"{_backend.BACKEND}: the run goes on from the same weights, but not bit-identically."
         )
     if meta["variables"]["model"] and not model.variables:
+        if getattr(model, "built", False):  # a build() of its own that creates no variable (nor its layers')
+            raise CheckpointMismatchError(
+                f"The model has no variables, so the checkpoint {file!r} cannot be restored into it: it is built, "
+                "but its build() created none (a subclassed model's layers are built when it is first called). "
+                "Call it on a batch first, then restore."
+            )
         raise CheckpointMismatchError(
             f"The model is not built, so the checkpoint {file!r} cannot be restored into it. Build it first "
             "(model.build(input_shape), or call it on a batch), then restore."
