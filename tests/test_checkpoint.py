@@ -136,6 +136,22 @@ def test_restore_falls_back_to_the_previous_intact_checkpoint(tmp_path, referenc
     assert_matches_reference(model, history, reference)
 
 
+def test_a_resume_given_another_seed_or_shuffle_says_it_keeps_the_checkpoints(tmp_path, reference):
+    """The run resumed with seed=6 or shuffle=False read the data in the checkpoint's order (seed 5, shuffled), as an
+    exact resume must, without a word: the user's change was dropped silently."""
+    interrupted_run(tmp_path / "saved" / "run.ckpt")
+    x, y = data()
+    for changed, said in ((dict(seed=6), r"seed=5 \(this run asked for seed=6\)"),
+                          (dict(shuffle=False), r"shuffle=True \(this run asked for shuffle=False\)")):
+        directory = tmp_path / str(changed)
+        shutil.copytree(tmp_path / "saved", directory)
+        model = make_model()
+        with pytest.warns(UserWarning, match=said + ": the checkpoint's order is kept"):
+            history = kfit.fit(model, x, y, epochs=5, callbacks=[
+                kfit.callbacks.Checkpoint(directory / "run.ckpt", frequency=70)], **(FIT | changed))
+        assert_matches_reference(model, history, reference)
+
+
 def test_restore_after_a_change_of_minibatch_size_schedule(tmp_path):
     """Resumed with another schedule, the run goes on from the saved sample with the new sizes: exactly as a
     run whose schedule switches at that sample (the minibatch-size variable follows)."""

@@ -605,6 +605,14 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
                 f"The checkpoint {file!r} was taken on training data of {saved} samples, and this run's data holds "
                 f"{have}. Resume with the same training data (the stream's position would mean other samples)."
             )
+        changed = [f"{key}={saved_stream[key]!r} (this run asked for {key}={getattr(parts.stream, key)!r})"
+                   for key in ("seed", "shuffle") if saved_stream.get(key) is not None
+                   and getattr(parts.stream, key, None) is not None and saved_stream[key] != getattr(parts.stream, key)]
+        if changed:
+            restore.notes.append(
+                f"The checkpoint {file!r} was taken reading the training data with {' and '.join(changed)}: the "
+                "checkpoint's order is kept, so that the run goes on as it began. To read the data in the new "
+                "order, start over (restore=False).")
         restore.stream_state = _decoded(meta["stream"], arrays, file, "the stream's state")
 
     if parts.clock is not None and meta.get("clock"):
