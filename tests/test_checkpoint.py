@@ -400,6 +400,37 @@ def test_format_1_files_are_still_read(tmp_path):
     assert info.checksum_ok is False and "checksum of variable" in info.problem and "(model/0)" in info.problem
 
 
+def _format_1_heap_object(data: bytes, starts: bytes) -> int:
+    """The offset of the size field of the object of the file's global heap (HDF5's GCOL) whose data starts with
+    ``starts``."""
+    import struct
+
+    heap = data.index(b"GCOL")
+    offset, end = heap + 16, heap + struct.unpack_from("<Q", data, heap + 8)[0]
+    while offset < end:
+        index, _, _, size = struct.unpack_from("<HHIQ", data, offset)
+        if data[offset + 16:].startswith(starts):
+            return offset + 8
+        assert index != 0
+        offset += 16 + (size + 7) // 8 * 8
+    raise AssertionError(starts)
+
+
+def test_a_damaged_format_1_file_on_which_hdf5_never_returns_is_refused(tmp_path, monkeypatch):
+    """A format-1 file (no whole-file checksum: HDF5 parses it) whose metadata checksum string is declared 16 bytes
+    longer: reading it looped forever inside HDF5 (load_checkpoint, restore=True, kfit inspect never returned)."""
+    model, path = saved_model(tmp_path)
+    meta, arrays = _format.read_file(path)
+    old = tmp_path / "old.ckpt"
+    write_format_1(old, meta, arrays)
+    flip_byte(old, _format_1_heap_object(old.read_bytes(), b"crc32:"), 0x10)
+    monkeypatch.setattr(_format, "FORMAT_1_TIMEOUT_S", 5.0)
+    before = state(model)
+    with pytest.raises(CheckpointCorruptError, match="first format .*HDF5 did not finish reading it in 5 s"):
+        kfit.load_checkpoint(old, model)
+    assert all(np.array_equal(a, b) for a, b in zip(before, state(model), strict=True))
+
+
 def test_wrong_model_is_refused_naming_the_first_variable_that_differs(tmp_path):
     _, path = saved_model(tmp_path)
     x, _ = data()

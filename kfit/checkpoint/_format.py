@@ -17,7 +17,9 @@ versions and backend, the clock, the stream, callback states with references
 ``{"__kfit_array__": "callbacks/0"}`` to their arrays, the history, an index of the datasets with shape and
 dtype); it is checked against a schema (``_schema.py``) before anything uses it. Reading never unpickles:
 datasets are plain numeric arrays and ``meta`` is parsed with :func:`json.loads`. Files of format 1 (no
-header; a CRC-32 of the metadata and of each array) are still read, without the whole-file check.
+header; a CRC-32 of the metadata and of each array) are still read, without the whole-file check: HDF5 parses
+them unchecked, so they are read in a child process, and one that crashes or does not finish (HDF5 looped forever
+on a format-1 file with one byte of its metadata changed) is reported as a damaged file.
 
 A write builds the whole file in memory (HDF5's ``core`` driver), then writes its bytes with ``os.write``
 to a temporary file beside the target (``PATH.tmp.<pid>.<n>``), fsyncs it, checks its size and header,
@@ -373,7 +375,7 @@ def read_file(path: str | os.PathLike, load_arrays: bool = True,
 
     Safe on any input: a damaged, truncated, foreign or hostile file, a directory, a FIFO or a device
     raises a :class:`CheckpointError` naming the file, never another exception, a crash or a hang
-    (for format-2 files, whose bytes are checked before HDF5 sees them).
+    (format-2 files' bytes are checked before HDF5 sees them; format-1 files are read in a child process).
 
     Args:
         path: the checkpoint file.
@@ -405,11 +407,71 @@ def read_image(path: str, data: bytes, load_arrays: bool = True,
                 f"{path!r} is not a kfit checkpoint: it starts with neither kfit's header nor HDF5's signature "
                 "(truncated to nothing, damaged at its start, or another kind of file)."
             )
+        if version == 1:
+            return _read_format_1_apart(path, data, load_arrays, verify)
         return _read_hdf5(path, version, data, load_arrays, verify)
     except CheckpointError:
         raise
     except Exception as error:  # whatever h5py, NumPy or JSON raise on a file that is not as written
         raise _damaged(path, f"reading it failed ({type(error).__name__}: {error})") from None
+
+
+# Seconds a format-1 file's reader may take (plus one per 20 MB) before the file is called damaged.
+FORMAT_1_TIMEOUT_S = 60.0
+_FORMAT_1_CHILD = """
+import io, json, sys, types
+package = types.ModuleType("kfit")  # kfit's own __init__ imports Keras: the reader needs only h5py and NumPy
+package.__path__ = [sys.argv[1]]
+sys.modules["kfit"] = package
+import numpy as np
+from kfit.checkpoint import _format
+data = sys.stdin.buffer.read()
+out = sys.stdout.buffer
+try:
+    meta, arrays = _format._read_hdf5(sys.argv[2], 1, data, sys.argv[3] == "1", sys.argv[4] == "1")
+except _format.CheckpointError as error:
+    out.write(json.dumps({"error": type(error).__name__, "message": str(error)}).encode() + b"\\n")
+    sys.exit(0)
+out.write(json.dumps({"meta": meta, "arrays": list(arrays)}).encode() + b"\\n")
+for array in arrays.values():
+    np.save(out, array, allow_pickle=False)
+"""
+
+
+def _read_format_1_apart(path: str, data: bytes, load_arrays: bool,
+                         verify: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Reads a format-1 file (no header, no whole-file checksum) in a child process: HDF5 can loop forever or
+    crash on a damaged file (one changed byte in a format-1 file's metadata made ``H5Aread`` spin), and only its
+    own process can be stopped. A child that crashes or does not finish is reported as a damaged file."""
+    import subprocess
+    import sys
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    timeout = FORMAT_1_TIMEOUT_S + len(data) / 20e6
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _FORMAT_1_CHILD, package, path, "1" if load_arrays else "0", "1" if verify else "0"],
+            input=data, capture_output=True, timeout=timeout, env=dict(os.environ, PYTHONSAFEPATH="1"))
+    except subprocess.TimeoutExpired:
+        raise _damaged(path, f"it is in kfit's first format (no checksum of the whole file) and HDF5 did not "
+                             f"finish reading it in {timeout:.0f} s") from None
+    head, _, rest = done.stdout.partition(b"\n")
+    try:
+        answer = json.loads(head)
+    except ValueError:
+        answer = None
+    if done.returncode != 0 or not isinstance(answer, dict):
+        reason = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+        raise _damaged(path, f"it is in kfit's first format (no checksum of the whole file) and reading it with "
+                             f"HDF5 failed ({reason[0]})")
+    if "error" in answer:
+        kinds = {kind.__name__: kind for kind in (CheckpointError, CheckpointCorruptError)}
+        raise kinds.get(answer["error"], CheckpointCorruptError)(answer["message"])
+    import io
+
+    stream = io.BytesIO(rest)
+    arrays = {name: np.load(stream, allow_pickle=False) for name in answer["arrays"]}
+    return answer["meta"], arrays
 
 
 def _read_hdf5(path: str, version: int, data: bytes, load_arrays: bool,
