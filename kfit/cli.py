@@ -129,7 +129,7 @@ def _is_candidate(path: str, names: set[str]) -> bool:
     kfit's format attribute (format 1), or, its first bytes damaged, is named as kfit names them (``*.ckpt``,
     ``*.h5``, ``*.hdf5``, or a numbered twin ``PATH.<samples>`` of such a name or of a file ``PATH`` in
     ``names``). HDF5 files that kfit did not write (a Keras weights file, a dataset) are not listed."""
-    from kfit.checkpoint._format import FORMAT_NAME, MAGIC
+    from kfit.checkpoint._format import MAGIC, is_kfit_hdf5
 
     try:
         with open(path, "rb") as f:
@@ -138,14 +138,8 @@ def _is_candidate(path: str, names: set[str]) -> bool:
         return False
     if head == MAGIC:
         return True
-    if head == _HDF5_SIGNATURE:
-        import h5py
-
-        try:
-            with h5py.File(path, "r") as f:
-                return f.attrs.get("format") == FORMAT_NAME
-        except Exception:  # noqa: BLE001 -- an HDF5 file h5py cannot open: damaged, shown as such
-            return True
+    if head == _HDF5_SIGNATURE:  # (asked in a child process: HDF5 can hang or crash on a damaged file)
+        return is_kfit_hdf5(path)
     stem, _, suffix = os.path.basename(path).rpartition(".")
     return path.endswith(_CHECKPOINT_SUFFIXES) or (suffix.isdigit() and (stem in names
                                                                           or stem.endswith(_CHECKPOINT_SUFFIXES)))

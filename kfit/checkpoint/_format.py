@@ -438,6 +438,28 @@ for array in arrays.values():
 """
 
 
+_PROBE_CHILD = """
+import sys, h5py
+with h5py.File(sys.argv[1], "r") as f:
+    print(f.attrs.get("format") == sys.argv[2])
+"""
+
+
+def is_kfit_hdf5(path: str) -> bool:
+    """Whether the HDF5 file ``path`` has kfit's format attribute (a format-1 checkpoint), asked in a child process
+    (HDF5 can loop forever or crash on a damaged file). One that h5py cannot read, or that does not answer in
+    :data:`FORMAT_1_TIMEOUT_S`, counts as a (damaged) checkpoint."""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE_CHILD, path, FORMAT_NAME], capture_output=True,
+                              timeout=FORMAT_1_TIMEOUT_S, env=dict(os.environ, PYTHONSAFEPATH="1"))
+    except subprocess.TimeoutExpired:
+        return True
+    return done.returncode != 0 or done.stdout.strip() == b"True"
+
+
 def _read_format_1_apart(path: str, data: bytes, load_arrays: bool,
                          verify: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Reads a format-1 file (no header, no whole-file checksum) in a child process: HDF5 can loop forever or
