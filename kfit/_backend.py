@@ -395,6 +395,19 @@ def torch_data_loader(adapter: Any) -> Any:
     return adapter.get_torch_dataloader() if type(adapter).__name__ == "TorchDataLoaderAdapter" else None
 
 
+def draw_as_a_data_loader_pass() -> None:
+    """Draws from torch's default generator what a new pass over a torch ``DataLoader`` draws as it begins (its
+    workers' base seed, ``_BaseDataLoaderIter.__init__``; one int64). Keras's PyTorch loop opens a pass over its
+    array adapter's ``DataLoader`` to build the model (``Trainer._symbolic_build``) and at each epoch's beginning and
+    end (``EpochIterator._enumerate_iterator``); kfit's stream makes the same draws there, so that what draws from
+    torch's default generator in a step (a ``Dropout`` without a seed, ``torch.nn.functional.dropout``) draws what it
+    draws under ``model.fit``. PyTorch only. Checked against Keras 3.10-3.15 and torch 2.x."""
+    if BACKEND == "torch":
+        import torch
+
+        torch.empty((), dtype=torch.int64).random_()
+
+
 def shuffles_from_process_random_state(adapter: Any) -> bool:
     """Whether Keras's adapter for arrays shuffles them with the process's random state as each pass begins
     (``shuffle=True`` or ``"batch"`` on JAX: NumPy's global generator; on PyTorch: torch's default one; see

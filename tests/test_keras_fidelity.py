@@ -1153,3 +1153,35 @@ def test_validation_data_that_runs_out_before_validation_steps_is_reported_as_un
         fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, validation_data=validation, validation_steps=10,
             validation_batch_size=5)
     assert sum("Your input ran out of data" in str(w.message) for w in caught) == 2  # one per validation
+
+
+@pytest.mark.parametrize("stop_at", [24, 48])  # inside the first epoch; at its end
+def test_an_unseeded_dropout_draws_what_it_draws_under_model_fit_also_after_a_resume(backend, tmp_path, stop_at):
+    # On PyTorch an unseeded Dropout draws from torch's default generator, which Keras's loop also draws from as it
+    # opens each pass over its DataLoader: kfit's stream makes the same draws (the masks differed before).
+    x, y = regression_data(48)
+
+    def model():
+        keras.utils.set_random_seed(4)
+        m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dropout(0.5), keras.layers.Dense(1)])
+        return compiled(m)
+
+    options = dict(batch_size=8, epochs=2, shuffle=False, verbose=0, validation_data=(x[:16], y[:16]))
+    under_model_fit = model()
+    expected = under_model_fit.fit(x, y, **options).history
+    under_kfit = model()
+    history = kfit.fit(under_kfit, x, y, seed=0, **options).history
+    assert history.keys() == expected.keys()
+    for key in expected:
+        np.testing.assert_allclose(history[key], expected[key], rtol=1e-5, err_msg=key)
+    assert_same_weights(under_model_fit, under_kfit)
+
+    path = tmp_path / "run.ckpt"
+    kfit.fit(model(), x, y, seed=0, max_samples=stop_at, callbacks=[kfit.callbacks.Checkpoint(path)], **options)
+    resumed = model()
+    if backend == "torch":
+        import torch
+
+        torch.rand(7)  # the resumed process has drawn from torch's generator before training: the checkpoint's counts
+    kfit.fit(resumed, x, y, seed=0, callbacks=[kfit.callbacks.Checkpoint(path)], **options)
+    assert_same_weights(under_model_fit, resumed)

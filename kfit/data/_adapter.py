@@ -116,6 +116,8 @@ class StreamAdapter(_backend.DataAdapter):
         self._keras_rows: int | None = None
         self._keras_checked: tuple[int, int] | None = None
         self._worker_rows_of: dict[int, int] = {}  # a global minibatch size: this worker's rows of it
+        #: PyTorch: the next pass Keras opens makes no draw from torch's default generator (set by a mid-epoch restore).
+        self.skip_pass_draw = False
 
     # -- what Keras asks -------------------------------------------------------------------------
     @property
@@ -299,7 +301,16 @@ class StreamAdapter(_backend.DataAdapter):
         return self._epoch_batches(lambda batch: batch)
 
     def get_torch_dataloader(self) -> Any:
-        return _Iterable(lambda: self._batches(_backend.to_tensors))
+        return _Iterable(lambda: self._batches(_backend.to_tensors), self._loader_pass_begins)
+
+    def _loader_pass_begins(self) -> None:
+        """Keras's PyTorch loop opens a pass: draw what a pass over its own ``DataLoader`` draws from torch's default
+        generator (``_backend.draw_as_a_data_loader_pass``), but for the pass of an epoch resumed in its middle, whose
+        draw the restored random state holds already (``skip_pass_draw``)."""
+        if self.skip_pass_draw:
+            self.skip_pass_draw = False
+        else:
+            _backend.draw_as_a_data_loader_pass()
 
     def get_tf_dataset(self) -> Any:
         # Its batch dimension: static when every minibatch from the clock's reading now to the end of the call has
@@ -383,12 +394,16 @@ class StreamAdapter(_backend.DataAdapter):
 
 
 class _Iterable:
-    """An iterable that starts a new pass at every ``iter()`` (what Keras's torch loop expects)."""
+    """An iterable that starts a new pass at every ``iter()`` (what Keras's torch loop expects), calling
+    ``begins`` first if given."""
 
-    def __init__(self, make: Callable[[], Iterator[Any]]):
+    def __init__(self, make: Callable[[], Iterator[Any]], begins: Callable[[], None] | None = None):
         self._make = make
+        self._begins = begins
 
     def __iter__(self) -> Iterator[Any]:
+        if self._begins is not None:
+            self._begins()
         return self._make()
 
 

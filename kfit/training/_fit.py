@@ -399,6 +399,8 @@ class _RunControl(keras.callbacks.Callback):
         else:
             _backend.set_initial_epoch(model, clock.epoch)
             mid_epoch = fit.run.resumed_mid_epoch
+            # (the restored random state holds the draw of the pass the interrupted run opened for this epoch)
+            fit.adapter.skip_pass_draw = mid_epoch
         if mid_epoch:
             # model.fit begins the resumed epoch anew: it resets the metrics, and the callbacks' on_epoch_begin run
             # again (Keras's LearningRateScheduler would step the restored rate a second time). The restored
@@ -591,6 +593,7 @@ class _StreamFit:
         self.run = _run.Run(model, loop=_run.RunLoop(), history=RunHistory())
         self.source: SourceAdapter | None = None
         self.stream: Any = None
+        self.adapter: Any = None  # what model.fit reads (a StreamAdapter, or the source)
         self.class_weight = o.class_weight
         #: What Keras's loop is given (the History's ``params`` keep ``"auto"``), and what it means.
         self.keras_verbose = o.verbose if distributed.is_chief() else 0  # only rank 0 prints progress
@@ -826,6 +829,7 @@ class _StreamFit:
         adapter = None
         try:
             adapter, self.run.driver, first, first_size = self._feed()
+            self.adapter = adapter
             extra: list = [_RunControl(self)]
             if any(_dispatches_batch_end_synchronously(c) for c in self.callbacks):
                 extra.append(_CountStep(self.run))
@@ -841,7 +845,10 @@ class _StreamFit:
                 callbacks.append(self.progbar)
             if self.distributed:
                 distributed.prepare_model(model)
+            keras_reads_first = self.source is None and _backend.fit_reads_a_first_batch(model)
             _backend.build(model, first)
+            if keras_reads_first and not _backend.fit_reads_a_first_batch(model):
+                _backend.draw_as_a_data_loader_pass()  # the pass model.fit opens to build the model (PyTorch)
             if self.source is None and self.fixed_size is None:
                 _refuse_stateful_layers(model)
             if self.pads:
