@@ -1185,3 +1185,38 @@ def test_an_unseeded_dropout_draws_what_it_draws_under_model_fit_also_after_a_re
         torch.rand(7)  # the resumed process has drawn from torch's generator before training: the checkpoint's counts
     kfit.fit(resumed, x, y, seed=0, callbacks=[kfit.callbacks.Checkpoint(path)], **options)
     assert_same_weights(under_model_fit, resumed)
+
+
+def test_a_checkpoint_at_the_first_epochs_last_step_of_a_generator_keeps_that_epoch_in_the_resumed_history(tmp_path):
+    # An endless generator with steps_per_epoch: kfit learns the epoch's samples only as it ends. A checkpoint at its
+    # last step was written as one "48 samples into epoch 1", and the resumed run's History (and CSVLogger) lacked it.
+    x, y = regression_data(48)
+
+    def batches():
+        while True:
+            for i in range(0, 48, 16):
+                yield x[i:i + 16], y[i:i + 16]
+
+    def model():
+        keras.utils.set_random_seed(1)
+        return compiled(keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]))
+
+    class Crash(keras.callbacks.Callback):  # in the second epoch's first step, after the checkpoint at step 3
+        steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            Crash.steps += 1
+            if Crash.steps == 4:
+                raise KeyboardInterrupt
+
+    options = dict(steps_per_epoch=3, epochs=3, verbose=0)
+    expected = kfit.fit(model(), batches(), max_samples=10**6, **options).history
+    path, csv = tmp_path / "run.ckpt", tmp_path / "log.csv"
+    with pytest.raises(KeyboardInterrupt):
+        kfit.fit(model(), batches(), callbacks=[kfit.callbacks.Checkpoint(path, frequency="3mb"),
+                                                keras.callbacks.CSVLogger(csv, append=True), Crash()], **options)
+    history = kfit.fit(model(), batches(), callbacks=[kfit.callbacks.Checkpoint(path, frequency="3mb"),
+                                                      keras.callbacks.CSVLogger(csv, append=True)], **options).history
+    assert len(history["loss"]) == 3
+    np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-6)
+    assert [line.split(",")[0] for line in csv.read_text().splitlines()[1:]] == ["0", "1", "2"]

@@ -293,13 +293,18 @@ class SourceAdapter(_backend.DataAdapter):
         """Tells the clock the samples of an epoch once the first epoch's last step is counted: when Keras ends that
         epoch (``epoch_ended``), or already at that step for a source read from its start at every epoch (its epoch is
         one pass) whose number of batches Keras's adapter knows, or whose pass kfit's reader, one batch ahead, found
-        ended, so that a checkpoint written there (``max_samples``, a save interval) holds a finished epoch, not one
-        96 samples in."""
+        ended, or for a source read on across epochs at its ``steps_per_epoch``-th step, so that a checkpoint written
+        there (``max_samples``, a save interval) holds a finished epoch, not one 96 samples in (whose resumed run
+        would lack the epoch in its History)."""
         if clock.epoch_size is not None or not clock.samples:
             return
         pass_ended = self.ended_before(self.steps) and self._current.exhausted
-        if epoch_ended or (not self.continues and (pass_ended or self.inner.num_batches
-                                                   and clock.minibatches == self.inner.num_batches)):
+        if self.continues and self.steps_per_epoch:
+            epoch_done = self.position(clock.minibatches) == (1, 0)  # Keras's first epoch has had its steps
+        else:
+            epoch_done = not self.continues and (pass_ended or self.inner.num_batches
+                                                 and clock.minibatches == self.inner.num_batches)
+        if epoch_ended or epoch_done:
             clock.epoch_size = clock.samples
 
     @property
