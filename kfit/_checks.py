@@ -80,17 +80,23 @@ def real(name: str, value: Any, *, low: float = -math.inf, high: float = math.in
     return number
 
 
-def output_path(name: str, value: Any, *, directory: bool = False, example: str = "out") -> str:
+def output_path(name: str, value: Any, *, directory: bool = False, example: str = "out", parents: bool = True) -> str:
     """``value`` as a path kfit can write to: a file (or, ``directory``, a folder) that is not the other kind,
-    under folders that are folders or can be made (the nearest existing one is not a file)."""
+    under folders that are folders or can be made (the nearest existing one is not a file; not checked with
+    ``parents=False``, for writers that report that as their own error when they write)."""
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
         raise _fail(name, "a path (str or os.PathLike)", value)
     path = os.fspath(value)
+    if "\0" in path:  # (os calls would fail later with "embedded null byte", naming no file)
+        raise InvalidArgumentError(f"Invalid value for argument `{name}`: a path holds no NUL character (\\0). "
+                                   f"Received: {name}={path!r}")
     if not directory and os.path.isdir(path):
         raise InvalidArgumentError(f"Invalid value for argument `{name}`: {path!r} is a directory; give a file name "
                                    f"in it, e.g. {os.path.join(path, example)!r}.")
     if directory and os.path.exists(path) and not os.path.isdir(path):
         raise InvalidArgumentError(f"Invalid value for argument `{name}`: {path!r} is a file; give a folder.")
+    if not parents:
+        return path
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent) and os.path.dirname(parent) != parent:
         parent = os.path.dirname(parent)

@@ -189,3 +189,20 @@ def test_reading_a_checkpoint_needs_neither_keras_nor_a_backend(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split("\n")[0] == "30 [] True"
+
+
+def test_a_path_that_cannot_name_a_file_is_refused_naming_the_argument(tmp_path):
+    """save_checkpoint and Checkpoint check their path as every kfit writer does (kfit._checks.output_path): a NUL
+    character gave Python's bare 'embedded null byte' naming no file, and save_checkpoint('') an error about the
+    working directory."""
+    cases = [
+        ("", r"`path`: expected a path \(str or os.PathLike\). Received: path=''"),
+        (str(tmp_path / "run\0.ckpt"), r"`path`: a path holds no NUL character.*Received: path='.*run\\x00.ckpt'"),
+        (tmp_path, r"`path`: .* is a directory; give a file name in it, e.g. '.*model.ckpt'"),
+    ]
+    for path, match in cases:
+        with pytest.raises(ValueError, match=match):
+            kfit.save_checkpoint(path, model(), clock=kfit.Clock(samples=30, minibatches=3))
+        with pytest.raises(ValueError, match=match):
+            kfit.callbacks.Checkpoint(path)
+    assert list(tmp_path.iterdir()) == []  # nothing written

@@ -207,11 +207,7 @@ class Checkpoint(KfitCallback):
                 "Checkpoint needs its file once: give path=... (CNTK's `filename` is accepted as its name). Received: "
                 + (f"path={path!r}, filename={filename!r}" if path is not None else "neither"))
         path = filename if path is None else path
-        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-            raise ValueError(f"Invalid value for argument `path`: expected a file path (str or os.PathLike). Received: path={path!r}")
-        path = os.fspath(path)
-        if os.path.isdir(path):
-            raise ValueError(f"Invalid value for argument `path`: {path!r} is a directory; give a file name in it, e.g. {os.path.join(path, 'model.ckpt')!r}.")
+        path = _checks.output_path("path", path, example="model.ckpt", parents=False)
         interval = None if frequency is None else Interval.parse(frequency)
         if isinstance(epochs, bool):  # CNTK's CheckpointConfig(filename, frequency, restore, preserve_all), positional
             raise ValueError(

@@ -186,7 +186,7 @@ def save_checkpoint(
 
     check_keep(keep, preserve_all)
 
-    path = os.fspath(path)
+    path = _checks.output_path("path", path, example="model.ckpt", parents=False)
     make_directory(path)
     parts = _state.training_parts(model, clock, stream, callbacks, history)
     arrays, meta = _state.collect(parts)
