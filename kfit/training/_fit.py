@@ -881,6 +881,7 @@ class _StreamFit:
             self.release_writes()
             if isinstance(adapter, StreamAdapter):
                 adapter.close()
+            self.adapter = None  # (it holds the steps compiled ahead: JAX's caches must let go of them)
             _run.end(self.run)
             _backend.set_initial_epoch(model, None)
         return _returned_history(model, self.callbacks, self.history, self.summaries)
