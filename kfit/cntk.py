@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import enum
 import numbers
-from typing import Any
+from typing import Any, NoReturn
 
 from kfit.interval import FULL_DATA_SWEEP as _FULL_DATA_SWEEP
 from kfit.schedules import (
@@ -61,6 +61,7 @@ __all__ = [
     "learning_rate_schedule",
     "minibatch_size_schedule",
     "momentum_as_time_constant_schedule",
+    "momentum_sgd",
     "momentum_schedule",
     "momentum_schedule_per_sample",
     "training_parameter_schedule",
@@ -327,3 +328,29 @@ def minibatch_size_schedule(schedule: Any, epoch_size: int | None = 1) -> Hyperp
     """
     epoch_size = _epoch_size(epoch_size, "minibatch_size_schedule")
     return minibatch_size(schedule, epoch_size)
+
+
+def momentum_sgd(parameters: Any = None, lr: Any = None, momentum: Any = None, unit_gain: bool = True,
+                 **options: Any) -> NoReturn:
+    """CNTK's ``momentum_sgd`` learner, which has no one-object counterpart in kfit: raises a TypeError saying
+    what to write.
+
+    A kfit optimizer is Keras's, given to ``model.compile``, and a schedule is a callback that sets its
+    hyperparameter at the sample clock. CNTK's ``momentum_sgd(params, lr, momentum, unit_gain=g)`` becomes
+    ``model.compile(optimizer=kfit.optimizers.MomentumSGD(unit_gain=g), ...)`` (the same update, tested against
+    a NumPy reference) and ``callbacks=[kfit.callbacks.LearningRateSchedule(lr),
+    kfit.callbacks.MomentumSchedule(momentum)]`` in ``kfit.fit``, with the schedules of this module. CNTK's
+    other options are refused by ``MomentumSGD``, each saying what to write (``l2_regularization_weight``: a
+    kernel regularizer; ``gradient_clipping_threshold_per_sample``: ``clipvalue``).
+
+    Raises:
+        TypeError: always, with the lines to write.
+    """
+    raise TypeError(
+        "kfit.cntk.momentum_sgd: kfit has no CNTK learner object. Give the optimizer to the model and the schedules "
+        f"to kfit.fit: model.compile(optimizer=kfit.optimizers.MomentumSGD(unit_gain={unit_gain!r}), loss=..., "
+        "metrics=[...]) and kfit.fit(model, x, y, ..., callbacks=[kfit.callbacks.LearningRateSchedule(lr), "
+        "kfit.callbacks.MomentumSchedule(momentum)]); leave the parameters out (the optimizer updates the model's "
+        "trainable weights)" + (f"; CNTK's {', '.join(sorted(options))}: see kfit.optimizers.MomentumSGD, which "
+                                "says what to write for each" if options else "") + "."
+    )

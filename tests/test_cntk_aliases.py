@@ -239,3 +239,63 @@ def test_cntk_frequency_pairs_with_a_data_unit():
         kfit.callbacks.CrossValidation(data, (2, C.DataUnit.sweep))
     with pytest.raises(ValueError, match=r"`frequency`"):
         kfit.callbacks.CrossValidation(data, (0, C.DataUnit.sample))
+
+
+def _tiny_classifier():
+    import keras
+
+    import kfit
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(0.05), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _tiny_data():
+    import numpy as np
+
+    x = np.random.default_rng(0).normal(size=(48, 4)).astype("float32")
+    return x, x[:, :3].argmax(axis=1)
+
+
+def test_function_train_keywords_and_misspelt_ones_in_kfit_fit_say_what_to_write():
+    """CNTK's Function.train(..., max_epochs=5, parameter_learners=[learner]) ported to kfit.fit: a TypeError that
+    names the keyword and says what to write; a misspelt keyword gets the closest argument's name."""
+    import kfit
+
+    model, (x, y) = _tiny_classifier(), _tiny_data()
+    for keywords, match in [
+        ({"max_epochs": 5}, r"`max_epochs`: CNTK's Function.train name of `epochs`: give epochs=5\. Received: max_epochs=5"),
+        ({"parameter_learners": ["learner"]}, r"`parameter_learners`.*model.compile\(optimizer=.*MomentumSGD.*"
+                                              r"LearningRateSchedule.*Received: parameter_learners=\['learner'\]"),
+        ({"progress_frequency": 10}, r"`progress_frequency`.*ProgressPrinter\(freq\)"),
+        ({"epoch": 2}, r"unexpected keyword argument `epoch`: did you mean `epochs`\? Received: epoch=2"),
+        ({"minibatchsize": 16}, r"did you mean `minibatch_size`\?"),
+        ({"zzz": 1}, r"`zzz`: kfit.fit takes model.fit's arguments and `minibatch_size`, `epoch_size`.*Received: zzz=1"),
+    ]:
+        with pytest.raises(TypeError, match=match):
+            kfit.fit(model, x, y, verbose=0, **keywords)
+    assert kfit.get_clock(model) is None or kfit.get_clock(model).samples == 0  # refused before training
+
+
+def test_epoch_summaries_have_cntks_loss_metric_and_samples():
+    """The CNTK guide reads progress.epoch_summaries[-1].loss, .metric and .samples after Function.train; the metric
+    is CNTK's error: 1 - accuracy."""
+    import kfit
+
+    model, (x, y) = _tiny_classifier(), _tiny_data()
+    history = kfit.fit(model, x, y, minibatch_size=16, epochs=2, verbose=0)
+    summaries = history.epoch_summaries
+    assert [s.samples for s in summaries] == [48, 48]
+    assert [s.loss for s in summaries] == pytest.approx(history.history["loss"])
+    assert [s.metric for s in summaries] == pytest.approx([1 - a for a in history.history["accuracy"]])
+    assert kfit.training.EpochSummary(0, 1.0, {"val_accuracy": 0.5, "lr": 0.1}).metric is None  # no training metric
+    assert kfit.training.EpochSummary(0, 1.0, {"lr": 0.1, "mae": 0.25}).metric == 0.25  # other metrics as they are
+
+
+def test_momentum_sgd_says_how_a_cntk_learner_is_written_in_kfit():
+    with pytest.raises(TypeError, match=r"MomentumSGD\(unit_gain=False\).*LearningRateSchedule\(lr\).*MomentumSchedule"
+                                        r"\(momentum\).*CNTK's l2_regularization_weight: see kfit.optimizers.MomentumSGD"):
+        C.momentum_sgd([], C.learning_parameter_schedule(0.1), C.momentum_schedule(0.9), unit_gain=False,
+                       l2_regularization_weight=0.01)

@@ -9,6 +9,7 @@ project changes nothing until a kfit feature is used.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import sys
 import warnings
@@ -31,7 +32,7 @@ from kfit.data._stream import SampleStream, dataset_length, flatten, is_sparse, 
 from kfit.training import _padding, _plan, _validation
 from kfit.training._compile_ahead import CompileAhead
 from kfit.training._driver import PlanDriver
-from kfit.training._options import FitOptions, size_function
+from kfit.training._options import FitOptions, refuse_unknown_keywords, size_function
 from kfit.training._progress_bar import ProgressBar
 from kfit.training._summaries import EpochSummaries
 
@@ -121,6 +122,7 @@ def fit(
     seed: int | None = None,
     prefetch: int | None = None,
     pad_remainders: bool = False,
+    **unknown: Any,
 ) -> keras.callbacks.History:
     """Trains ``model`` like ``model.fit``, on kfit's sample clock.
 
@@ -156,6 +158,9 @@ def fit(
 
     Raises:
         ValueError: bad arguments, named with the value received.
+        TypeError: a keyword ``kfit.fit`` does not take, named with the value; for CNTK's ``Function.train``
+            names (``max_epochs``, ``parameter_learners``, ...) saying what to write, else the closest
+            argument's name.
 
     Example:
         >>> import numpy as np, keras, kfit
@@ -166,6 +171,8 @@ def fit(
         >>> [s.samples for s in history.epoch_summaries]
         [40, 40, 20]
     """
+    if unknown:
+        refuse_unknown_keywords("kfit.fit", unknown, list(inspect.signature(fit).parameters)[1:-1])
     callbacks = _checks.callback_list("callbacks", callbacks)
     options = FitOptions.from_arguments(
         batch_size=batch_size, callbacks=callbacks, sample_weight=sample_weight, minibatch_size=minibatch_size,

@@ -149,3 +149,37 @@ def size_function(minibatch_size: Any) -> Any:
 
 
 __all__ = ["FitOptions"]
+
+
+# CNTK's Function.train keywords that kfit.fit names otherwise, with what to write instead.
+_CNTK_TRAIN = {
+    "max_epochs": "CNTK's Function.train name of `epochs`: give epochs={value!r}",
+    "parameter_learners": "CNTK's Function.train learners: give the optimizer to model.compile(optimizer=...) before "
+                          "kfit.fit (CNTK's momentum_sgd is kfit.optimizers.MomentumSGD; its learning-rate and momentum "
+                          "schedules go in callbacks as kfit.callbacks.LearningRateSchedule and MomentumSchedule)",
+    "minibatch_source": "CNTK's Function.train data: give it as x (and y), as to model.fit",
+    "model_inputs_to_streams": "CNTK's stream map: kfit reads (x, y) in the model's input order (or a dict keyed "
+                               "by the input names): leave it out",
+    "streams": "CNTK's stream map: kfit reads (x, y) in the model's input order: leave it out",
+    "progress_frequency": "CNTK's Function.train progress period: give callbacks=[kfit.callbacks.ProgressPrinter("
+                          "freq)] (a line every freq minibatches)",
+}
+
+
+def refuse_unknown_keywords(function: str, given: dict[str, Any], known: list[str]) -> None:
+    """Raises a TypeError for the first of ``given`` (keywords ``function`` does not take): for CNTK's
+    ``Function.train`` names it says what to write; for another name, the closest known one, if any."""
+    import difflib
+
+    if not given:
+        return
+    name, value = next(iter(given.items()))
+    text = repr(value)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    if name in _CNTK_TRAIN:
+        fix = _CNTK_TRAIN[name].format(value=value) + "."
+    else:
+        close = difflib.get_close_matches(name, known, n=1)
+        fix = f"did you mean `{close[0]}`?" if close else f"{function} takes model.fit's arguments and " + ", ".join(
+            f"`{k}`" for k in known[known.index("minibatch_size"):]) + "."
+    raise TypeError(f"{function}() got an unexpected keyword argument `{name}`: {fix} Received: {name}={text}")

@@ -8,6 +8,8 @@ from typing import Any
 
 from kfit import _checks
 from kfit.callbacks._base import KfitCallback
+from kfit.callbacks._cross_validation import average_error
+from kfit.callbacks._running_means import HYPERPARAMETER_KEYS
 
 
 @dataclass
@@ -21,6 +23,8 @@ class EpochSummary:
         samples: samples trained in the epoch (global).
         seconds: wall time of the epoch.
         samples_per_second: ``samples / seconds``.
+        metric: CNTK's ``epoch_summaries[i].metric`` (a property): the epoch's first compiled training metric,
+            an accuracy given as CNTK's error ``1 - accuracy``; None when the model compiled no metric.
     """
 
     epoch: int
@@ -29,6 +33,13 @@ class EpochSummary:
     samples: int = 0
     seconds: float = 0.0
     samples_per_second: float = 0.0
+
+    @property
+    def metric(self) -> float | None:
+        for key, value in self.metrics.items():
+            if not key.startswith(("val_", "test_")) and key not in HYPERPARAMETER_KEYS and key != "samples":
+                return average_error(key, value)
+        return None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
