@@ -370,7 +370,7 @@ def test_cntk_options_are_accepted_or_refused_saying_what_to_do():
     # CNTK's tutorials write ProgressPrinter(tag='Training', num_epochs=N): num_epochs is metadata, kept.
     assert ProgressPrinter(tag="Training", num_epochs=5, rank=None, gen_heartbeat=False).num_epochs == 5
     for kwargs, match in [
-        ({"rank": 0}, r"`rank`.*rank=0.*rank 0 only.*leave rank out"),
+        ({"rank": -1}, r"`rank`.*rank=-1"),
         ({"gen_heartbeat": True}, r"gen_heartbeat=True.*leave gen_heartbeat out"),
         ({"test_freq": 10}, r"test_freq=10.*Finished Evaluation"),
         ({"distributed_freq": 5}, r"distributed_freq=5"),
@@ -380,6 +380,19 @@ def test_cntk_options_are_accepted_or_refused_saying_what_to_do():
             ProgressPrinter(50, **kwargs)
 
 
+def test_cntk_rank_names_the_log_file_as_cntk_did(tmp_path, capsys):
+    """CNTK's ProgressPrinter(log_to_file=path, rank=Communicator.rank()) wrote to f"{path}rank{rank}"; without a
+    file, rank changes nothing. Only the chief prints, as always."""
+    x, y = data(n=32)
+    log = tmp_path / "log.txt"
+    kfit.fit(classifier(), x, y, batch_size=16, epochs=1, verbose=0,
+             callbacks=[ProgressPrinter(log_to_file=log, rank=kfit.distributed.rank()), ProgressPrinter(rank=0)])
+    assert not log.exists()
+    file_lines, console_lines = lines_of(tmp_path / "log.txtrank0"), capsys.readouterr().err.splitlines()
+    assert EPOCH.match(file_lines[-1]) and EPOCH.match(console_lines[-1]), (file_lines, console_lines)
+    assert "Redirecting log to file " + str(tmp_path / "log.txtrank0") in console_lines
+
+
 def test_positional_arguments_follow_cntks_order():
     """CNTK: ProgressPrinter(freq, first, tag, log_to_file, rank, gen_heartbeat, num_epochs, test_freq, test_first,
     metric_is_pct, distributed_freq, distributed_first): a positional CNTK call means what it meant there."""
@@ -387,9 +400,8 @@ def test_positional_arguments_follow_cntks_order():
     assert (printer.freq, printer.first, printer.tag, printer.num_epochs) == (50, 10, "t", 5)
     assert printer._value("accuracy", 0.9) == "accuracy = 0.900000"  # metric_is_pct=False: no '1 - accuracy'
     assert ProgressPrinter(50, 10, "t", None, None, False, 5)._value("accuracy", 0.9) == "1 - accuracy = 10.00%"
-    # The fifth is CNTK's rank (refused as by keyword), not metric_is_pct; a bool there says where it went.
-    with pytest.raises(ValueError, match=r"`rank`.*rank=0.*leave rank out"):
-        ProgressPrinter(50, 10, "t", None, 0)
+    # The fifth is CNTK's rank, not metric_is_pct; a bool there says where it went.
+    assert ProgressPrinter(50, 10, "t", None, 0).rank == 0
     with pytest.raises(ValueError, match=r"`rank`.*rank=False.*fifth argument is CNTK's `rank`.*metric_is_pct=\.\.\. by keyword"):
         ProgressPrinter(50, 10, "t", None, False)
     with pytest.raises(ValueError, match=r"gen_heartbeat=True"):

@@ -54,8 +54,6 @@ def hyperparameter_line(name: str, value: float, scheduled: float, unit: str) ->
 
 # CNTK ProgressPrinter options with no counterpart, each with its default and what to do instead.
 _CNTK_ONLY = {
-    "rank": (None, "kfit's ProgressPrinter prints on rank 0 only, with the counts of all workers (CNTK wrote one "
-                   "log per rank): leave rank out."),
     "gen_heartbeat": (False, "kfit prints no heartbeat lines: leave gen_heartbeat out."),
     "test_freq": (None, "kfit prints one line per evaluation ('Finished Evaluation', 'Finished Test'), none per "
                         "evaluation minibatch: leave test_freq out."),
@@ -117,12 +115,15 @@ class ProgressPrinter(KfitCallback):
         tag: printed as ``[tag] `` before every line.
         log_to_file: a file the lines are appended to (a restarted run appends, never truncates), instead
             of stderr. "Redirecting log to file PATH" is printed to stderr once.
-        rank, gen_heartbeat: CNTK's options with no counterpart: accepted at their CNTK defaults (None, False)
-            only; any other value is refused, saying what to do.
+        rank: CNTK's worker rank (``rank=kfit.distributed.rank()``), or None: with ``log_to_file``, the lines
+            go to ``f"{log_to_file}rank{rank}"``, CNTK's file name; without it, nothing changes. As always, only the
+            chief prints (CNTK wrote a file on every worker; kfit's lines already count all workers' samples).
+        gen_heartbeat: CNTK's option with no counterpart: accepted at its CNTK default (False) only; any other
+            value is refused, saying what to do.
         num_epochs: CNTK's metadata, accepted and kept as :attr:`num_epochs` (no line shows it).
-        test_freq, test_first: as ``rank`` (defaults None, 0).
+        test_freq, test_first: as ``gen_heartbeat`` (defaults None, 0).
         metric_is_pct: show an accuracy metric as CNTK's error percentage.
-        distributed_freq, distributed_first: as ``rank`` (defaults None, 0).
+        distributed_freq, distributed_first: as ``gen_heartbeat`` (defaults None, 0).
         name: the key of this callback's state in checkpoints (keyword only).
 
     Raises:
@@ -161,10 +162,13 @@ class ProgressPrinter(KfitCallback):
         super().__init__(name=name)
         if isinstance(rank, bool):  # kfit's earlier order had metric_is_pct fifth
             raise ValueError(
-                f"Invalid value for argument `rank`: expected None. Received: rank={rank!r}. ProgressPrinter's fifth "
-                "argument is CNTK's `rank` (ProgressPrinter(freq, first, tag, log_to_file, rank, gen_heartbeat, "
-                "num_epochs, test_freq, test_first, metric_is_pct, ...)): give metric_is_pct=... by keyword.")
-        _refuse_cntk_options(rank=rank, gen_heartbeat=gen_heartbeat, test_freq=test_freq, test_first=test_first,
+                f"Invalid value for argument `rank`: expected a worker's rank or None. Received: rank={rank!r}. "
+                "ProgressPrinter's fifth argument is CNTK's `rank` (ProgressPrinter(freq, first, tag, log_to_file, "
+                "rank, gen_heartbeat, num_epochs, test_freq, test_first, metric_is_pct, ...)): give metric_is_pct=... "
+                "by keyword.")
+        #: CNTK's worker rank: with ``log_to_file``, the lines go to ``f"{log_to_file}rank{rank}"``, as in CNTK.
+        self.rank = _checks.count("rank", rank, allow_none=True)
+        _refuse_cntk_options(gen_heartbeat=gen_heartbeat, test_freq=test_freq, test_first=test_first,
                              distributed_freq=distributed_freq, distributed_first=distributed_first)
         #: CNTK's metadata (the number of epochs to train), accepted and kept; it changes no line.
         self.num_epochs = _checks.count("num_epochs", num_epochs, low=1, allow_none=True)
@@ -177,6 +181,7 @@ class ProgressPrinter(KfitCallback):
             raise ValueError(f"Invalid value for argument `tag`: expected a string. Received: tag={tag!r}")
         if log_to_file is not None:
             log_to_file = _checks.output_path("log_to_file", log_to_file, example="log.txt")
+            log_to_file += "" if rank is None else f"rank{rank}"
         _checks.boolean("metric_is_pct", metric_is_pct)
         self.freq = freq
         self.first = first

@@ -134,7 +134,8 @@ class TensorBoardProgressWriter(KfitCallback):
         log_dir: the directory of the event files (created if missing).
         freq: also write minibatch-level scalars every ``freq`` minibatches (a positive integer), or None.
         name: the key of this callback's state in checkpoints.
-        rank: CNTK's per-rank folders: accepted as None only (kfit writes on rank 0); anything else is refused.
+        rank: CNTK's worker rank (``rank=kfit.distributed.rank()``), or None: only rank 0 writes event files, as
+            in CNTK given a rank (kfit's writer does so whatever ``rank`` is).
         model: CNTK's model whose graph it drew: accepted and not used (kfit writes scalars only).
 
     CNTK's argument order is accepted too: ``TensorBoardProgressWriter(50, "logs")`` and the CNTK guide's
@@ -144,7 +145,7 @@ class TensorBoardProgressWriter(KfitCallback):
     Raises:
         TypeError: an unknown keyword, or ``log_dir`` given twice.
         ValueError: if ``freq`` is not a positive integer or None, ``log_dir`` is not a path, or ``rank`` is
-            not None.
+            not a non-negative integer or None.
 
     Example:
         >>> import kfit
@@ -184,11 +185,8 @@ class TensorBoardProgressWriter(KfitCallback):
                     f"log_dir={keywords['log_dir']!r}. Give one.")
         if log_dir is None:
             log_dir = "."
-        if rank is not None:
-            raise ValueError(
-                f"Invalid value for argument `rank`: expected None (CNTK's option has no counterpart in kfit). Received: "
-                f"rank={rank!r}. kfit's TensorBoardProgressWriter writes on rank 0 only, with the counts of all workers "
-                "(CNTK wrote one folder per rank): leave rank out.")
+        # CNTK's `rank` (the worker's): there, only rank 0 wrote event files, as kfit's writer always does.
+        _checks.count("rank", rank, allow_none=True)
         # CNTK's `model` drew the model's graph; kfit writes scalars only: `model` is accepted and not used.
         if _checks.is_integer(log_dir) and isinstance(freq, (str, os.PathLike)):
             log_dir, freq = freq, log_dir  # CNTK's order: (freq, log_dir)
