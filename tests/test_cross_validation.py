@@ -114,6 +114,28 @@ def test_false_at_index_k_stops_after_k_plus_one_frequencies(stop_index):
     assert kfit.get_clock(model).samples == (stop_index + 1) * frequency
 
 
+def test_a_callback_without_data_is_called_at_each_frequency_and_can_stop_training(capsys):
+    """CNTK's CrossValidationConfig(None, frequency, callback=f): no evaluation, the callback alone is called at
+    every frequency with average_error 0 and 0 samples and minibatches, and its False stops training."""
+    model = classifier()
+    calls = []
+
+    def callback(index, average_error, num_samples, num_minibatches):
+        calls.append((index, kfit.get_clock(model).samples, average_error, num_samples, num_minibatches))
+        return index < 2
+
+    cv = CrossValidation(None, frequency=120, callback=callback)
+    printer = kfit.callbacks.ProgressPrinter()
+    history = kfit.fit(model, *digits(*TRAIN), minibatch_size=40, epoch_size=600, epochs=2, callbacks=[cv, printer],
+                       verbose=0)
+    assert calls == [(k, 120 * (k + 1), 0.0, 0, 0) for k in range(3)]
+    assert kfit.get_clock(model).samples == 360
+    assert not any(key.startswith("val_") for key in history.history)  # nothing was evaluated
+    assert "Evaluation" not in capsys.readouterr().err
+    with pytest.raises(TypeError, match=r"needs its evaluation data once.*or only a callback.*none of them"):
+        CrossValidation(frequency=120)
+
+
 def test_false_stops_plain_model_fit_after_the_step():
     model = classifier()
     cv = CrossValidation(digits(*VAL), frequency=200, minibatch_size=50, callback=lambda i, e, n, m: i < 1)

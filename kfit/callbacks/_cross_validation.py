@@ -322,16 +322,20 @@ def cntk_keywords(owner: str, minibatch_size: Any, mb_size: Any, criterion: Any,
     return DEFAULT_MINIBATCH_SIZE if minibatch_size is None else minibatch_size
 
 
-def cntk_data(owner: str, data: Any, minibatch_source: Any, source: Any) -> Any:
+def cntk_data(owner: str, data: Any, minibatch_source: Any, source: Any, optional: bool = False) -> Any:
     """The evaluation data, given as ``data`` or by CNTK's names ``minibatch_source`` (and its deprecated
-    ``source``): exactly one of them."""
+    ``source``): exactly one of them, or none (None) when ``optional``."""
     given = [(name, value) for name, value in (("data", data), ("minibatch_source", minibatch_source),
                                                 ("source", source)) if value is not None]
+    if not given and optional:
+        return None
     if len(given) != 1:
         received = ", ".join(f"{name} (a {_describe(value)})" for name, value in given) or "none of them"
+        alone = (", or only a callback, called with no evaluation as by CNTK's CrossValidationConfig(None, "
+                 "frequency, callback=f)") if owner == "CrossValidation" else ""
         raise TypeError(
             f"{owner} needs its evaluation data once: give data=(x, y) (CNTK's minibatch_source and source are "
-            f"accepted as its names). Received: {received}"
+            f"accepted as its names){alone}. Received: {received}"
         )
     return given[0][1]
 
@@ -460,7 +464,10 @@ class CrossValidation(KfitCallback):
 
     Args:
         data: ``(x, y)`` or ``(x, y, sample_weight)``: NumPy arrays, h5py datasets (read one minibatch at
-            a time), or dicts/lists of them for several inputs.
+            a time), or dicts/lists of them for several inputs. Or None with a ``callback``, as CNTK's
+            ``CrossValidationConfig(None, frequency, callback=f)``: nothing is evaluated; at each ``frequency``
+            the callback alone is called, with ``average_error`` 0.0 and 0 samples and minibatches (its return
+            value steers training as above; no ``val_*`` results are logged).
         frequency: samples between evaluations (a positive int), or an interval string (``"2ep"``, ``"100mb"``,
             ``"5000sp"``, or a :class:`kfit.interval.Interval`); by default ``"1ep"``: at the end of every
             epoch; None is the same. CNTK's ``sys.maxsize`` (one evaluation, at the end of training) is refused,
@@ -482,8 +489,8 @@ class CrossValidation(KfitCallback):
             order): accepted as None only; anything else is refused, saying what to write instead.
 
     Raises:
-        TypeError: ``data`` not in one of the forms above or given not exactly once, or ``callback`` not
-            callable.
+        TypeError: ``data`` not in one of the forms above or given not exactly once (none only with a
+            ``callback``), or ``callback`` not callable.
         ValueError: a bad ``frequency``, ``minibatch_size``, ``max_samples`` or ``metric``, a ``criterion``
             or ``model_inputs_to_streams``, named with the value; at the start of training, ``data`` whose
             inputs do not fit the model.
@@ -519,7 +526,7 @@ class CrossValidation(KfitCallback):
     ):
         super().__init__(name=name)
         owner = "CrossValidation"
-        data = cntk_data(owner, data, minibatch_source, source)
+        data = cntk_data(owner, data, minibatch_source, source, optional=callback is not None)
         minibatch_size = cntk_keywords(owner, minibatch_size, mb_size, criterion, model_inputs_to_streams)
         if isinstance(frequency, int) and not isinstance(frequency, bool) and frequency >= sys.maxsize:
             # CNTK's CrossValidationConfig: sys.maxsize (or None) is one cross-validation, at the end of training.
@@ -532,7 +539,7 @@ class CrossValidation(KfitCallback):
                 "the last epoch, give frequency=f'{epochs}ep'; for every epoch end, leave frequency out or give '1ep'.")
         if frequency is None:  # kfit's meaning since the start (every epoch end); CNTK's None is once at the end
             frequency = "1ep"
-        self.data = EvaluationData(data, owner)
+        self.data = None if data is None else EvaluationData(data, owner)
         #: When it evaluates: an :class:`kfit.interval.Interval` (by default every epoch end, ``"1ep"``).
         self.interval = Interval.parse(frequency)
         self.frequency = self.interval.value if self.interval.unit == "sp" else None
@@ -563,8 +570,9 @@ class CrossValidation(KfitCallback):
 
     # -- hooks -----------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self.data.check_same_on_workers()
-        self.data.check_model(self.training_model)
+        if self.data is not None:
+            self.data.check_same_on_workers()
+            self.data.check_model(self.training_model)
         if not self._restored:
             self._reset()
         self._restored = False
@@ -586,8 +594,13 @@ class CrossValidation(KfitCallback):
     # -- the evaluation --------------------------------------------------------------------------
     def cross_validate(self) -> dict[str, Any]:
         """Evaluates now, calls the user's callback, tells the run's kfit callbacks; returns the logs."""
-        model = self.model  # on JAX this syncs the loop's state into the variables
         clock = self.clock
+        if self.data is None:  # CNTK's CrossValidationConfig(None, ..., callback=f): the callback alone, told 0, 0, 0
+            logs = {"val_index": self.index, "samples": clock.samples}
+            self.results.append(dict(logs))
+            self._call_back(logs["val_index"], 0.0, 0, 0)
+            return logs
+        model = self.model  # on JAX this syncs the loop's state into the variables
         size = minibatch_size_at(self.minibatch_size, clock)
         batches = self.data.minibatches(size, self.max_samples)
         results = evaluate(model, batches)
@@ -602,17 +615,21 @@ class CrossValidation(KfitCallback):
         )
         self.results.append(dict(logs))
         self._epoch_logs = {k: v for k, v in logs.items() if k.startswith("val_")}
-        if self.callback is not None:
-            verdict = self.callback(index, error, batches.num_samples, batches.num_minibatches)
-            if verdict is not None and not isinstance(verdict, (bool, np.bool_)):
-                raise TypeError(
-                    f"The cross-validation callback {getattr(self.callback, '__name__', self.callback)!r} must return "
-                    f"True (continue), False (stop training) or None. Received: {verdict!r} at index {index}."
-                )
-            if verdict is not None and not verdict:
-                self.training_model.stop_training = True
+        self._call_back(index, error, batches.num_samples, batches.num_minibatches)
         self.publish("on_cross_validation_end", index, dict(logs))
         return logs
+
+    def _call_back(self, index: int, error: float, samples: int, minibatches: int) -> None:
+        if self.callback is None:
+            return
+        verdict = self.callback(index, error, samples, minibatches)
+        if verdict is not None and not isinstance(verdict, (bool, np.bool_)):
+            raise TypeError(
+                f"The cross-validation callback {getattr(self.callback, '__name__', self.callback)!r} must return "
+                f"True (continue), False (stop training) or None. Received: {verdict!r} at index {index}."
+            )
+        if verdict is not None and not verdict:
+            self.training_model.stop_training = True
 
     def _add_to_epoch_logs(self, epoch: int, logs: dict, values: dict) -> None:
         """Puts ``values`` into the epoch's logs; under kfit.fit, where the run's History is called first and
