@@ -4,11 +4,12 @@ The sample of the CNTK 2.2 Python API guide, section 6-3, on the
 handwritten digits that ship with scikit-learn (8x8 images, no download): per-sample learning rates and
 momentum as a time constant, a minibatch size growing during training, progress lines (to a log file
 and to stderr), TensorBoard events, a checkpoint at every epoch (a rerun resumes from it), cross-validation
-that halves the learning rate when the error improves by less than 5% and stops training after the sixth
-cut, and a final test. At the end it draws the run's curves (loss, metric, learning rate and minibatch size
+that halves the learning rate when the error improves by less than 5% and stops training when a cut brings
+the rate down to 1/128 of its first value (the schedule's own steps down count too; 50 epochs at most), and a final
+test. At the end it draws the run's curves (loss, metric, learning rate and minibatch size
 against samples seen) into OUT/curves.png and says where.
 
-Run it again and it resumes from its newest checkpoint; once the run has ended (the sixth cut) a rerun
+Run it again and it resumes from its newest checkpoint; once the run has ended (that cut, or 50 epochs) a rerun
 trains nothing, says so and prints the results again. ``--fresh`` starts over.
 
 Run:  python examples/cntk_advanced_mnist.py [--out runs/mnist] [--fresh]
