@@ -20,8 +20,9 @@ class SampleClock(KfitCallback):
     :func:`kfit.fit` it is not needed (the clock is kept by the training loop). With
     ``compile(steps_per_execution=N)`` Keras calls the batch hooks once per call of up to ``N`` steps; the clock
     counts every one of them (values set by schedules change between calls, as Keras allows). A ``batch_size``
-    that is not ``model.fit``'s is refused with an error at the second step (where the model trains with Keras's
-    own ``train_step``, on one worker: its loss tracker counts the samples each step held). On data of unknown
+    that is not ``model.fit``'s is refused with an error: as training begins where, with ``num_samples``, it gives
+    another number of steps per epoch than ``model.fit`` runs, else at the second step (where the model trains with
+    Keras's own ``train_step``, on one worker: its loss tracker counts the samples each step held). On data of unknown
     length (a generator, a filtered ``tf.data`` pipeline) the step Keras begins past the end of an epoch's data is not
     counted. Give it once: a second ``SampleClock`` in the same ``model.fit`` is refused as training begins.
 
