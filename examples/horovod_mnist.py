@@ -10,7 +10,7 @@ One machine, two workers (one thread each):
 Several machines, four workers on each (the same environment and script path on every host, and
 passwordless ssh from the first one; add ``--network-interface eth0`` if the hosts have several):
 
-    horovodrun --gloo -np 8 -H host1:4,host2:4 python examples/horovod_mnist.py --checkpoint /shared/digits.ckpt
+    horovodrun --gloo -np 8 -H host1:4,host2:4 python examples/horovod_mnist.py --checkpoint /shared/digits.h5
 
 One process, no Horovod: ``python examples/horovod_mnist.py``. A small, quick run (CI):
 ``KFIT_EXAMPLE_SMALL=1`` or ``--small``. With ``--checkpoint PATH`` (a path on rank 0's machine: only rank 0

@@ -71,7 +71,7 @@ class SampleClock(KfitCallback):
             if steps is not None and steps != expected:
                 raise ValueError(
                     f"SampleClock(batch_size={self.batch_size}, num_samples={self.num_samples}) expects "
-                    f"{expected} steps per epoch, but model.fit runs {steps}. Pass the batch_size and the "
+                    f"{expected} step{'s' * (expected != 1)} per epoch, but model.fit runs {steps}. Pass the batch_size and the "
                     "number of training samples that model.fit uses (after validation_split)."
                 )
             clock.epoch_size, steps = self.num_samples, expected
