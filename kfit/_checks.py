@@ -83,13 +83,15 @@ def real(name: str, value: Any, *, low: float = -math.inf, high: float = math.in
 def output_path(name: str, value: Any, *, directory: bool = False, example: str = "out", parents: bool = True) -> str:
     """``value`` as a path kfit can write to: a file (or, ``directory``, a folder) that is not the other kind,
     under folders that are folders or can be made (the nearest existing one is not a file; not checked with
-    ``parents=False``, for writers that report that as their own error when they write)."""
+    ``parents=False``, for writers that report that as their own error when they write). A file path that is a
+    symbolic link is resolved: a writer replaces the link's target, and the link stays."""
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
         raise _fail(name, "a path (str or os.PathLike)", value)
     path = os.fspath(value)
     if "\0" in path:  # (os calls would fail later with "embedded null byte", naming no file)
         raise InvalidArgumentError(f"Invalid value for argument `{name}`: a path holds no NUL character (\\0). "
                                    f"Received: {name}={path!r}")
+    path = os.path.realpath(path) if not directory and os.path.islink(path) else path
     if not directory and os.path.isdir(path):
         raise InvalidArgumentError(f"Invalid value for argument `{name}`: {path!r} is a directory; give a file name "
                                    f"in it, e.g. {os.path.join(path, example)!r}.")

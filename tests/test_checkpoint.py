@@ -728,6 +728,45 @@ def test_a_run_started_over_replaces_the_numbered_checkpoints_an_earlier_run_lef
     assert callback.restored_from.samples == 108  # the run that was started over goes on, not the earlier one
 
 
+def test_save_checkpoint_over_the_numbered_files_of_an_earlier_longer_run_keeps_its_own(tmp_path):
+    """kfit.save_checkpoint(keep=3) of a custom loop started over where an earlier run left path.100/.200/.300:
+    its own numbered files were pruned as the oldest, and a restore took the earlier run's 300 for the newest."""
+    x, y = data()
+    path = tmp_path / "run.ckpt"
+    model = built(make_model(), x)
+    model.evaluate(x[:8], y[:8], verbose=0)  # (its metrics built, as after training)
+    for samples in (100, 200, 300, 50, 100):  # the earlier run, then the new one
+        kfit.save_checkpoint(path, model, clock=kfit.Clock(samples=samples, minibatches=samples // 10), keep=3)
+    assert sorted(os.listdir(tmp_path)) == ["run.ckpt", "run.ckpt.100", "run.ckpt.50"]
+    assert [samples for samples, _ in list_checkpoints(path)] == [100, 100, 50]
+    callback = kfit.callbacks.Checkpoint(path, frequency=1000)
+    kfit.fit(make_model(), x, y, epochs=2, callbacks=[callback], **FIT)
+    assert callback.restored_from.samples == 100
+
+
+def test_a_path_that_is_a_symbolic_link_writes_its_target_and_keeps_the_link(tmp_path, capsys):
+    """run.ckpt -> data/run.ckpt (say, a run folder linked to a larger disk): each write replaced the link by a
+    regular file, with the lock and numbered files beside the link. The target is written, the link stays, and
+    restores, list_checkpoints and `kfit inspect` through the link find the target's files."""
+    x, y = data()
+    (tmp_path / "data").mkdir()
+    link = tmp_path / "run.ckpt"
+    os.symlink(tmp_path / "data" / "run.ckpt", link)  # (no file there yet)
+    model = make_model()
+    kfit.fit(model, x, y, epochs=2, callbacks=[kfit.callbacks.Checkpoint(link, frequency=50, keep=2)], **FIT)
+    kfit.save_checkpoint(link, model, clock=kfit.Clock(samples=130, minibatches=14), keep=3)
+    assert os.path.islink(link) and sorted(os.listdir(tmp_path)) == ["data", "run.ckpt"]
+    assert sorted(os.listdir(tmp_path / "data")) == ["run.ckpt", "run.ckpt.108", "run.ckpt.120", "run.ckpt.130"]
+    assert list_checkpoints(link) == [(130, str(link)), (130, str(tmp_path / "data" / "run.ckpt.130")),
+                                      (120, str(tmp_path / "data" / "run.ckpt.120")),
+                                      (108, str(tmp_path / "data" / "run.ckpt.108"))]
+    callback = kfit.callbacks.Checkpoint(link, frequency=50)
+    kfit.fit(make_model(), x, y, epochs=3, callbacks=[callback], **FIT)
+    assert callback.restored_from.samples == 130 and os.path.islink(link)
+    capsys.readouterr()
+    assert cli(["inspect", str(link)]) == 0 and "samples:         180" in capsys.readouterr().out
+
+
 # -- plain model.fit -----------------------------------------------------------------------------------
 def test_plain_model_fit_saves_and_restores_what_it_can(tmp_path):
     x, y = data(96)

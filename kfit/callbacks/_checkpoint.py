@@ -111,7 +111,8 @@ class Checkpoint(KfitCallback):
     it (say with a larger ``max_samples``) goes on as one that never stopped (a ``max_samples`` inside a minibatch
     cut that minibatch short: the run goes on from the shorter one it trained). With ``async_write`` the state is
     copied to host memory on the training thread and written on a background thread; the last write is finished
-    before ``fit`` returns (and before the process exits).
+    before ``fit`` returns (and before the process exits, unless it is killed outright: after a SIGKILL or a power
+    cut the write in flight is lost, and the newest checkpoint completed before it is restored).
 
     Every checkpoint records where the run stands: ``running``, ``complete`` (it reached ``epochs`` or
     ``max_samples``) or ``stopped`` and by what (early stopping and its monitor, a cross-validation callback
@@ -151,7 +152,8 @@ class Checkpoint(KfitCallback):
     Checkpoint stands in model.fit's list. Exact resumption needs ``kfit.fit``.
 
     Args:
-        path: the checkpoint file (its directory is created if needed).
+        path: the checkpoint file (its directory is created if needed). A symbolic link is resolved once: its
+            target is written (with the lock and numbered files beside it), and the link stays.
         frequency: save every ``frequency`` samples (global), or at an interval string (``"2ep"``, ``"100mb"``,
             ``"50000sp"``, or a :class:`kfit.interval.Interval`).
         epochs: save every ``epochs`` epochs.

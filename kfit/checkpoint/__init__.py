@@ -155,7 +155,8 @@ def save_checkpoint(
     outside one, pass those you have (the model's clock, if one is attached, is taken by default).
 
     Args:
-        path: the checkpoint file. Its directory is created if needed.
+        path: the checkpoint file. Its directory is created if needed. A symbolic link is resolved: its target is
+            written (with the lock and numbered files beside it), and the link stays.
         model: a built Keras model (its optimizer and metric variables are saved too).
         clock: a :class:`kfit.Clock`.
         stream: a :class:`kfit.data.SampleStream`.
@@ -164,7 +165,8 @@ def save_checkpoint(
             ``ReduceLROnPlateau``, ``ModelCheckpoint`` and ``TensorBoard`` (keyed by class and monitor, e.g.
             ``EarlyStopping(val_loss)``).
         history: a ``keras.callbacks.History``.
-        keep: how many numbered checkpoints ``PATH.<samples>`` to keep (1: only ``PATH``).
+        keep: how many numbered checkpoints ``PATH.<samples>`` to keep (1: only ``PATH``). Those of more samples
+            than this one (an earlier, longer run's, which a restore would take for newer states) are removed.
         preserve_all: keep every checkpoint as ``PATH.<samples>``.
 
     Returns:

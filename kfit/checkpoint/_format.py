@@ -607,8 +607,8 @@ def numbered_path(path: str | os.PathLike, samples: int) -> str:
 
 
 def numbered_files(path: str | os.PathLike) -> list[tuple[int, str]]:
-    """``(samples, file)`` of every ``PATH.<samples>`` file, oldest first."""
-    path = os.fspath(path)
+    """``(samples, file)`` of every ``PATH.<samples>`` file, oldest first (beside the target of a link ``PATH``)."""
+    path = os.path.realpath(path) if os.path.islink(path) else os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     pattern = re.compile(re.escape(os.path.basename(path)) + r"\.(\d+)$")
     try:
@@ -621,15 +621,6 @@ def numbered_files(path: str | os.PathLike) -> list[tuple[int, str]]:
         if match:
             found.append((int(match.group(1)), os.path.join(os.path.dirname(path), name)))
     return sorted(found)
-
-
-def prune(path: str | os.PathLike, keep: int) -> list[str]:
-    """Removes all but the newest ``keep`` numbered checkpoints; returns the removed files."""
-    files = numbered_files(path)
-    removed = [file for _, file in files[: max(len(files) - keep, 0)]]
-    for file in removed:
-        _remove_quietly(file)
-    return removed
 
 
 def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
@@ -657,9 +648,10 @@ def write_checkpoint(path: str | os.PathLike, arrays: dict[str, np.ndarray], met
     """Writes the newest checkpoint to ``path``; with ``preserve_all`` or ``keep > 1`` also as ``PATH.<samples>``,
     then removes numbered checkpoints beyond the newest ``keep`` (none with ``preserve_all``).
 
-    ``starts_over``: the first checkpoint of a run that did not resume from ``path``: once it is written, every
-    numbered checkpoint an earlier run left there is removed (by its sample count it would pass for a newer state
-    of this run, and a restore would resume the earlier run; ``keep=1`` removes them in any case).
+    ``PATH`` holds the newest state: numbered checkpoints of more samples than this one (an earlier, longer run's)
+    are removed once it is written, as a restore would take them for newer states of this run and resume the
+    earlier run. ``starts_over``: the first checkpoint of a run that did not resume from ``path``: every other
+    numbered checkpoint is removed too (``keep=1`` removes them in any case).
 
     Returns:
         The checksum of the written file.
@@ -667,12 +659,14 @@ def write_checkpoint(path: str | os.PathLike, arrays: dict[str, np.ndarray], met
     history = preserve_all or keep > 1
     numbered = numbered_path(path, samples) if history else None
     checksum = write_file(path, arrays, meta, numbered=numbered)
-    if starts_over:
-        for saved_at, file in numbered_files(path):
-            if numbered is None or saved_at != int(samples):
-                _remove_quietly(file)
-    if not preserve_all:
-        prune(path, keep if history else 0)
+    kept = []
+    for saved_at, file in numbered_files(path):
+        if saved_at > int(samples) or (starts_over and saved_at != int(samples)):
+            _remove_quietly(file)
+        else:
+            kept.append(file)
+    for file in [] if preserve_all else kept[: max(len(kept) - (keep if history else 0), 0)]:
+        _remove_quietly(file)
     return checksum
 
 
