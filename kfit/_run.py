@@ -141,6 +141,9 @@ class Run:
     #: Data-parallel :func:`kfit.fit`: every worker has the same checkpoints (agreed as training begins), so a checkpoint
     #: taken at a step they all save at holds every worker's training-metric state (``Checkpoint.on_step_end``).
     gathers_worker_metrics: bool = False
+    #: The optimizer's scalar variables (``learning_rate``, ...) as the code set them, before a restore (recorded in
+    #: each checkpoint: a resume under other values in code is warned about).
+    hyperparameters_in_code: dict | None = None
 
     @property
     def kfit_fit(self) -> bool:

@@ -152,6 +152,43 @@ def test_a_resume_given_another_seed_or_shuffle_says_it_keeps_the_checkpoints(tm
         assert_matches_reference(model, history, reference)
 
 
+def test_a_resume_under_another_learning_rate_in_code_says_the_checkpoints_is_restored(tmp_path, reference):
+    """The code now compiles the optimizer with learning_rate=0.05 (it was 0.01): the checkpoint's 0.01 overwrote it
+    without a word. The restore keeps it (an exact resume, as for another seed) and says so, naming both values; an
+    unchanged resume says nothing of the optimizer."""
+    interrupted_run(tmp_path / "saved" / "run.ckpt")
+    x, y = data()
+    for rate in (0.05, 0.01):
+        directory = tmp_path / str(rate)
+        shutil.copytree(tmp_path / "saved", directory)
+        model = make_model()
+        model.optimizer.learning_rate.assign(rate)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            history = kfit.fit(model, x, y, epochs=5, callbacks=[
+                kfit.callbacks.Checkpoint(directory / "run.ckpt", frequency=70)], **FIT)
+        said = [str(w.message) for w in caught if "optimizer's" in str(w.message)]
+        if rate == 0.01:
+            assert said == []
+        else:
+            assert len(said) == 1 and "This code sets the optimizer's learning_rate=0.05; the run that wrote the " \
+                "checkpoint" in said[0] and "set learning_rate=0.01, and the checkpoint's learning_rate=0.01 is " \
+                "restored" in said[0] and "assign(0.05)" in said[0], said
+        assert_matches_reference(model, history, reference)
+
+
+def test_a_checkpoint_of_another_keras_version_is_restored_with_a_warning_naming_both(tmp_path):
+    """The file records the Keras version that wrote it; a restore under another one said nothing."""
+    x, y = data()
+    path = tmp_path / "run.ckpt"
+    kfit.save_checkpoint(path, built(make_model(), x))
+    edit_meta(path, lambda meta: meta.__setitem__("keras_version", "3.10.0"))
+    assert read_checkpoint_info(path).keras_version == "3.10.0"
+    with pytest.warns(UserWarning, match=rf"written under Keras 3\.10\.0 and is restored under Keras "
+                      rf"{keras.__version__}: the run goes on from the same weights, but not bit-identically"):
+        kfit.load_checkpoint(path, built(make_model(), x))
+
+
 def test_restore_after_a_change_of_minibatch_size_schedule(tmp_path):
     """Resumed with another schedule, the run goes on from the saved sample with the new sizes: exactly as a
     run whose schedule switches at that sample (the minibatch-size variable follows)."""

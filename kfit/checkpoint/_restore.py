@@ -53,6 +53,7 @@ def restore_run(run: Run) -> bool:
         True when a restored run had finished (complete, or stopped by a callback): this run trains nothing.
     """
     finished = False
+    run.hyperparameters_in_code = _state.hyperparameters(_state.model_variables(run.model)["optimizer"])
     for callback in run.callbacks:
         if not getattr(callback, "writes_checkpoints", False) or not callback.restore:
             continue

@@ -121,6 +121,7 @@ META: Spec = record({
         **{key: optional(COUNT) for key in ("samples", "minibatches", "epoch", "samples_in_epoch",
                                             "epoch_size", "minibatch_size")},
         "hyperparameters": dict_of(NUMBER),
+        "hyperparameters_in_code": optional(dict_of(NUMBER)),
         "last_metrics": dict_of(NUMBER),
     }),
     "arrays": list_of(record({"name": STR, "shape": list_of(COUNT), "dtype": STR}, {"crc32": INT})),

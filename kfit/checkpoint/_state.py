@@ -41,7 +41,7 @@ def training_parts(model: Any, clock: Any = None, stream: Any = None, callbacks:
         return Run(model, last_clock(model) if clock is None else clock, stream, list(callbacks or []), history)
     return Run(model, run.clock if clock is None else clock, run.stream if stream is None else stream,
                list(run.callbacks if callbacks is None else callbacks), run.history if history is None else history,
-               loop=run.loop)
+               loop=run.loop, hyperparameters_in_code=run.hyperparameters_in_code)
 
 
 def model_variables(model: Any) -> dict[str, list]:
@@ -211,8 +211,8 @@ def host_view(value: Any) -> np.ndarray:
         # buffer where ``numpy()`` would copy it. The view keeps the tensor alive.
         tensor = value.read_value() if hasattr(value, "read_value") else value
         array = tensor._numpy() if hasattr(tensor, "_numpy") else None
-        if isinstance(array, np.ndarray):
-            return array
+        if isinstance(array, (np.ndarray, np.generic)):  # (a scalar's is a NumPy scalar)
+            return np.asarray(array)
     else:
         array = np.asarray(value)  # a JAX array on the CPU: a view
         if array.dtype != object:
@@ -294,10 +294,6 @@ def _random_state(arrays: dict) -> dict:
 
 def _summary(parts: Run, variables: dict, record: dict | None, epoch_logs: dict | None) -> dict:
     clock = parts.clock
-    hyperparameters = {}
-    for variable in variables["optimizer"]:
-        if tuple(variable.shape) == () and "float" in keras.backend.standardize_dtype(variable.dtype):
-            hyperparameters[variable.path.rsplit("/", 1)[-1]] = float(host_view(variable.value))
     metrics = {}
     if epoch_logs:
         metrics = {k: float(v) for k, v in epoch_logs.items() if _is_number(v)}
@@ -310,9 +306,16 @@ def _summary(parts: Run, variables: dict, record: dict | None, epoch_logs: dict 
         "samples_in_epoch": None if clock is None else clock.samples_in_epoch,
         "epoch_size": None if clock is None else clock.epoch_size,
         "minibatch_size": None if clock is None else clock.minibatch_size,
-        "hyperparameters": hyperparameters,
+        "hyperparameters": hyperparameters(variables["optimizer"]),
+        "hyperparameters_in_code": parts.hyperparameters_in_code,
         "last_metrics": metrics,
     }
+
+
+def hyperparameters(variables: list) -> dict[str, float]:
+    """The scalar float variables of an optimizer (``learning_rate``, ``momentum``, ...) by name."""
+    return {variable.path.rsplit("/", 1)[-1]: float(host_view(variable.value)) for variable in variables
+            if tuple(variable.shape) == () and "float" in keras.backend.standardize_dtype(variable.dtype)}
 
 
 def _is_number(value: Any) -> bool:
@@ -554,10 +557,13 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
     """
     model = parts.model
     restore = _Restore(file=file)
-    if meta.get("backend") != _backend.BACKEND:
+    written = [(f"on the {meta.get('backend')} backend", f"on {_backend.BACKEND}")] * (meta.get("backend") != _backend.BACKEND)
+    written += [(f"under Keras {meta['keras_version']}", f"under Keras {keras.__version__}")] * (
+        meta["keras_version"] != keras.__version__)
+    if written:
         restore.notes.append(
-            f"The checkpoint {file!r} was written on the {meta.get('backend')} backend and is restored on "
-            f"{_backend.BACKEND}: the run goes on from the same weights, but not bit-identically."
+            f"The checkpoint {file!r} was written {', '.join(w for w, _ in written)} and is restored "
+            f"{', '.join(h for _, h in written)}: the run goes on from the same weights, but not bit-identically."
         )
     if meta["variables"]["model"] and not model.variables:
         if getattr(model, "built", False):  # a build() of its own that creates no variable (nor its layers')
@@ -572,6 +578,20 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
         )
     _build_optimizer(model, meta, file)
     variables = model_variables(model)
+    summary = meta.get("summary") or {}
+    in_code, saved = summary.get("hyperparameters_in_code") or {}, summary.get("hyperparameters", {})
+    now = hyperparameters(variables["optimizer"])
+    # (an unchanged value, or one that a schedule or ReduceLROnPlateau moved since, is no change in code)
+    changed = [name for name in in_code if name in now and name in saved and now[name] not in (in_code[name], saved[name])]
+    if changed:
+        restore.notes.append(
+            f"This code sets the optimizer's {', '.join(f'{n}={now[n]:g}' for n in changed)}; the run that wrote the "
+            f"checkpoint {file!r} set {', '.join(f'{n}={in_code[n]:g}' for n in changed)}, and the checkpoint's "
+            f"{', '.join(f'{n}={saved[n]:g}' for n in changed)} is restored, so that the run goes on as it was. To "
+            f"train with the new value, assign it once the run has resumed (e.g. "
+            f"model.optimizer.{changed[0]}.assign({now[changed[0]]:g}) in a callback's on_epoch_begin), or start over "
+            "(restore=False)."
+        )
     for group in ("model", "optimizer"):
         restore.assignments += _match_group(group, variables[group], meta["variables"][group], arrays, file)
     if metrics and meta["variables"]["metrics"] and variables["metrics"]:  # unbuilt metrics: nothing to restore
