@@ -91,12 +91,12 @@ def output_path(name: str, value: Any, *, directory: bool = False, example: str 
     if "\0" in path:  # (os calls would fail later with "embedded null byte", naming no file)
         raise InvalidArgumentError(f"Invalid value for argument `{name}`: a path holds no NUL character (\\0). "
                                    f"Received: {name}={path!r}")
-    path = os.path.realpath(path) if not directory and os.path.islink(path) else path
     if not directory and os.path.isdir(path):
         raise InvalidArgumentError(f"Invalid value for argument `{name}`: {path!r} is a directory; give a file name "
                                    f"in it, e.g. {os.path.join(path, example)!r}.")
     if directory and os.path.exists(path) and not os.path.isdir(path):
         raise InvalidArgumentError(f"Invalid value for argument `{name}`: {path!r} is a file; give a folder.")
+    path = os.path.realpath(path) if not directory and os.path.islink(path) else path
     if not parents:
         return path
     parent = os.path.dirname(os.path.abspath(path))

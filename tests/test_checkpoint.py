@@ -802,6 +802,9 @@ def test_a_path_that_is_a_symbolic_link_writes_its_target_and_keeps_the_link(tmp
     assert callback.restored_from.samples == 130 and os.path.islink(link)
     capsys.readouterr()
     assert cli(["inspect", str(link)]) == 0 and "samples:         180" in capsys.readouterr().out
+    os.symlink(tmp_path / "data", tmp_path / "folder.ckpt")  # a link to a folder: refused naming the path given
+    with pytest.raises(ValueError, match="folder.ckpt' is a directory"):
+        kfit.callbacks.Checkpoint(tmp_path / "folder.ckpt")
 
 
 # -- plain model.fit -----------------------------------------------------------------------------------
