@@ -206,3 +206,14 @@ def test_a_path_that_cannot_name_a_file_is_refused_naming_the_argument(tmp_path)
         with pytest.raises(ValueError, match=match):
             kfit.callbacks.Checkpoint(path)
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_a_path_with_a_nul_character_is_no_checkpoint_to_every_reader(tmp_path):
+    """The readers promise a CheckpointError naming the path for any path, never another exception: a NUL
+    character gave Python's bare 'embedded null byte' (ValueError) from load_checkpoint and read_checkpoint_info."""
+    path = str(tmp_path / "run\0.ckpt")
+    match = r"No checkpoint at '.*run\\x00.ckpt': a path holds no NUL character"
+    with pytest.raises(kfit.checkpoint.CheckpointNotFoundError, match=match):
+        read_checkpoint_info(path)
+    with pytest.raises(kfit.checkpoint.CheckpointNotFoundError, match=match):
+        kfit.load_checkpoint(path, model())

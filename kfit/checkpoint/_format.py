@@ -317,6 +317,8 @@ def _read_bytes(path: str) -> bytes:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"No checkpoint at {path!r}: the path does not exist.") from None
+    except ValueError:  # (Python's 'embedded null byte')
+        raise CheckpointNotFoundError(f"No checkpoint at {path!r}: a path holds no NUL character.") from None
     except OSError as error:
         raise CheckpointCorruptError(f"The checkpoint {path!r} cannot be read: {error.strerror or error}.") from None
     if not stat.S_ISREG(mode):
