@@ -259,6 +259,28 @@ def test_the_clock_counts_no_step_past_the_end_of_data_of_unknown_length(num_sam
     assert kfit.get_clock(model).samples == 2 * end
 
 
+@pytest.mark.skipif(BACKEND == "torch", reason="Keras: steps_per_execution must be 1 with the PyTorch backend")
+def test_the_last_call_of_an_epoch_of_unknown_length_counts_the_steps_it_ran():
+    """Data of unknown length, ``steps_per_execution=2``, no ``num_samples``: an epoch of 40 samples in minibatches
+    of 16 is 3 steps, whose last call runs one step; the clock counted two there (64 samples, 4 minibatches per
+    epoch). Now each epoch counts its 3 steps as 16 samples each, as with ``steps_per_execution=1``."""
+    import tensorflow as tf
+
+    x, y = regression_data(40)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda *_: True).batch(16)
+    model = mlp()
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(), loss="mse", steps_per_execution=2)
+    ends = []
+
+    class Reader(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            clock = kfit.get_clock(self.model)
+            ends.append((clock.samples, clock.minibatches))
+
+    model.fit(data, epochs=2, verbose=0, callbacks=[kfit.callbacks.SampleClock(batch_size=16), Reader()])
+    assert ends == [(48, 3), (96, 6)]
+
+
 @pytest.mark.parametrize("samples, steps_per_execution", [(10, 1), (40, 3)])
 def test_data_of_unknown_length_whose_first_steps_end_it_is_not_taken_for_a_wrong_batch_size(samples, steps_per_execution):
     """Data of unknown length whose first call of the train function holds the data's short last step (10 samples in

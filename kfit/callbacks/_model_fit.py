@@ -210,14 +210,21 @@ class FitDriver(StepDriver):
         unknown length, without ``num_samples``, Keras's own count of the epoch's samples (its loss tracker, synced
         at the epoch's end) tells whether it ran. The schedules then apply their values again at the next step (on
         JAX, the epoch's sync put back the state of the last step that ran, without what was set for that one)."""
-        pending, start, clock = self.pending, self.epoch_start, run.clock
-        if pending is not None and start is not None and self.num_samples is None:
-            trained = _backend.samples_counted_by_keras(self.model)
+        start, clock = self.epoch_start, run.clock
+        trained = None if start is None or self.num_samples is not None else _backend.samples_counted_by_keras(self.model)
+        if trained is not None:
             # Every step before the pending one was a full one (only the last step of data is short): had the
             # pending step run, Keras would have counted more samples than the clock has without it.
-            if trained is not None and clock.samples - start >= trained:
+            if self.pending is not None and clock.samples - start >= trained:
                 self.pending = self.pending_batch = None
                 self.past_end = True
+            self.flush(clock)
+            # With steps_per_execution=N the epoch's last call may have run fewer than the N steps counted for it:
+            # the epoch held as many steps as Keras's count of its samples fills (each counted as batch_size).
+            extra = (clock.samples - start) // self.batch_size - math.ceil(trained / self.batch_size)
+            if extra > 0:
+                clock.samples -= extra * self.batch_size
+                clock.minibatches -= extra
         if self.past_end:
             self.past_end = False
             for callback in run.members():

@@ -24,7 +24,8 @@ class SampleClock(KfitCallback):
     another number of steps per epoch than ``model.fit`` runs, else at the second step (where the model trains with
     Keras's own ``train_step``, on one worker: its loss tracker counts the samples each step held). On data of unknown
     length (a generator, a filtered ``tf.data`` pipeline) the step Keras begins past the end of an epoch's data is not
-    counted. Give it once: a second ``SampleClock`` in the same ``model.fit`` is refused as training begins.
+    counted, nor, without ``num_samples``, the steps that the epoch's last call of ``N`` did not run (the clock
+    corrects itself as the epoch ends). Give it once: a second ``SampleClock`` in the same ``model.fit`` is refused as training begins.
 
     Args:
         batch_size: the ``batch_size`` given to ``model.fit``.
