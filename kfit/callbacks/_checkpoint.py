@@ -272,6 +272,9 @@ class Checkpoint(KfitCallback):
         #: ``(arrays, meta)`` of the step where training stopped inside an epoch: the final checkpoint's state.
         self._stopped_step: tuple | None = None
         self._partial_keys: list[str] | None = None  # the keys the epoch training stopped in logged
+        #: ``(samples, worker_metrics)`` of the last save this checkpoint's frequency made inside an epoch
+        #: (data-parallel: a stop agreed at that step keeps that state instead of writing it again).
+        self._frequency_save: tuple | None = None
         self._undo_ema_hook: Any = lambda: None
 
     def _chief(self) -> bool:
@@ -287,6 +290,7 @@ class Checkpoint(KfitCallback):
         self._epochs_done = 0
         self._stopped_step = None
         self._partial_keys = None
+        self._frequency_save = None
         self.restored_from = None
         self.finished_before = False
         self.interrupted = False
@@ -398,6 +402,7 @@ class Checkpoint(KfitCallback):
             self._pending = True  # save after the epoch's end (history, validation, epoch callbacks)
         else:
             self._save(worker_metrics=worker_metrics)
+            self._frequency_save = (clock.samples, worker_metrics)
 
     def _worker_metrics(self, clock: Clock, saves_mid_epoch: bool) -> list | None:
         """Every worker's training-metric variables (``[rank][i]``), gathered on every worker at a step where all of
@@ -432,6 +437,10 @@ class Checkpoint(KfitCallback):
         clock = self.training_run.clock
         if not self._holds_run() or clock is None or not clock.samples_in_epoch or self._bound_reached(clock):
             return  # (the bound: saved at on_step_end, every worker's metrics gathered there)
+        saved = self._frequency_save
+        if saved is not None and saved[0] == clock.samples:  # written at this step by the frequency: kept, not again
+            self._save(keep_step=True, worker_metrics=saved[1], write=False)
+            return
         worker_metrics = self._gather_worker_metrics() if self.training_run.gathers_worker_metrics else None
         self._save(keep_step=True, worker_metrics=worker_metrics)
 
@@ -651,7 +660,7 @@ class Checkpoint(KfitCallback):
 
     # -- saving ----------------------------------------------------------------------------------
     def _save(self, epoch: int | None = None, logs: dict | None = None, keep_step: bool = False,
-              worker_metrics: list | None = None) -> None:
+              worker_metrics: list | None = None, write: bool = True) -> None:
         if not self._chief():
             return
         from kfit import distributed
@@ -663,7 +672,8 @@ class Checkpoint(KfitCallback):
                                       workers=distributed.size(), worker_metrics=worker_metrics)
         if keep_step:
             self._stopped_step = ({name: np.array(array, copy=True) for name, array in arrays.items()}, meta)
-        self._write(arrays, meta)
+        if write:
+            self._write(arrays, meta)
 
     def _save_stopped_step(self, epoch: int | None = None, logs: dict | None = None) -> None:
         """Writes the state of the step where training stopped inside an epoch again, with the history as it is now

@@ -166,16 +166,20 @@ def scenario_stop() -> None:
     # (resume_finished=True) has the History of a run that never stopped.
     x, y = common.data(40, seed=14)
 
-    def checkpointed(path: str, callbacks: list, resume_finished: bool = False) -> dict:
-        h = kfit.fit(common.resume_model(), x, y, minibatch_size=10, epochs=3, seed=1, verbose=0, callbacks=[
-            *callbacks, kfit.callbacks.Checkpoint(path, epochs=1, async_write=False, resume_finished=resume_finished)])
-        return common.history(h)
+    def checkpointed(path: str, callbacks: list, resume_finished: bool = False, frequency: str | None = None) -> dict:
+        checkpoint = kfit.callbacks.Checkpoint(path, epochs=None if frequency else 1, frequency=frequency, async_write=False,
+                                               resume_finished=resume_finished)
+        h = kfit.fit(common.resume_model(), x, y, minibatch_size=10, epochs=3, seed=1, verbose=0,
+                     callbacks=[*callbacks, checkpoint])
+        return dict(common.history(h), writes=checkpoint.saves)
 
     info["checkpointed_stop"] = {"fresh": checkpointed(os.path.join(OUT, "stop_fresh", "model.ckpt"), [])}
     for who in (0, 1):
         path = os.path.join(OUT, f"stop_on_rank{who}", "model.ckpt")
-        checkpointed(path, [StopInsideAnEpochOn(who, samples=60)])
+        # On rank 1 a checkpoint every 30 samples: its frequency also falls at the stop's step, written once.
+        stopped = checkpointed(path, [StopInsideAnEpochOn(who, samples=60)], frequency="30sp" if who else None)
         info["checkpointed_stop"][f"rank{who}"] = checkpointed(path, [], resume_finished=True)
+        info["checkpointed_stop"][f"rank{who}"]["stopped_writes"] = stopped["writes"]
     common.save(out("stop"), {}, info)
 
 
