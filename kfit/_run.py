@@ -138,6 +138,9 @@ class Run:
     #: and whether a worker was preempted (``kfit.training._fit._AgreedStop``); a callback that stops the process
     #: on SIGTERM acts when they have agreed, not alone.
     agreed_stops: bool = False
+    #: Data-parallel :func:`kfit.fit`: the epoch logs every callback reads are averaged over the workers already
+    #: (``kfit.training._fit._AverageMetrics``).
+    logs_averaged: bool = False
     #: Data-parallel :func:`kfit.fit`: every worker has the same checkpoints (agreed as training begins), so a checkpoint
     #: taken at a step they all save at holds every worker's training-metric state (``Checkpoint.on_step_end``).
     gathers_worker_metrics: bool = False

@@ -147,6 +147,8 @@ class FitDriver(StepDriver):
         #: was given (one worker): :meth:`epoch_ends` checks the epoch's last step then (else None).
         self.epoch_start: int | None = None
         self.past_end = False  # Keras began a step past the end of the epoch's data (see batch_begin)
+        #: ``num_samples`` where Keras does not know the epoch's length (see :meth:`batch_begin`), else None.
+        self.unknown_length_epoch: int | None = None
 
     def sleep(self, callback: Any, size: int, samples_until: float, minibatches_until: float) -> None:
         """Turns ``callback``'s batch-begin hook off while the steps are of ``size`` and the clock is below
@@ -179,7 +181,7 @@ class FitDriver(StepDriver):
             else:
                 clock.samples += pending[0]  # the previous step finished (one size: its own, counted once)
                 clock.minibatches += 1
-            if batch and self.num_samples is not None and clock.samples % self.num_samples == 0:
+            if batch and self.unknown_length_epoch is not None and clock.samples % self.unknown_length_epoch == 0:
                 # Data of unknown length (a generator, a filtered tf.data): Keras's JAX and TensorFlow loops begin
                 # one more step after the epoch's last and find no data for it. The clock is at the epoch's end.
                 self.pending, self.pending_batch = None, batch  # (planned: the next kfit callback asks no more)

@@ -237,11 +237,9 @@ class MonitorCallback(KfitCallback):
         each epoch end). A stop decided on one worker alone ended its ``model.fit`` while the others waited for it in
         the next step's gradient allreduce; a rate reduced on some workers only would train them apart. kfit.fit's
         logs are averaged already (weighted by samples)."""
-        if self.training_run.agreed_stops:
-            return value
         from kfit import distributed
 
-        if distributed.size() <= 1:
+        if self.training_run.logs_averaged or distributed.size() <= 1:
             return value
         from kfit.distributed import _state
 

@@ -81,8 +81,12 @@ class SampleClock(KfitCallback):
         self._steps_per_epoch = steps
         self._epoch_start = None
         self._unknown_length = steps is None and distributed.size() == 1  # (see FitDriver.epoch_ends)
-        if isinstance(self.training_run.driver, FitDriver) and distributed.size() == 1:
-            self.on_train_batch_begin = self._check_first_step  # (this run's first epoch only; see there)
+        driver = self.training_run.driver
+        if isinstance(driver, FitDriver):
+            # (Keras begins a step past the end of data of unknown length: see FitDriver.batch_begin)
+            driver.unknown_length_epoch = None if (self.params or {}).get("steps") else self.num_samples
+            if distributed.size() == 1:
+                self.on_train_batch_begin = self._check_first_step  # (this run's first epoch only; see there)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         """``model.fit(initial_epoch=e)`` starts at epoch ``e`` (to resume a run): a new clock starts at that epoch's

@@ -844,7 +844,7 @@ class _StreamFit:
                 extra.append(_StopAtSamples(self.run))
             if self.distributed:
                 extra += [_AgreedStop(self.callbacks), _AverageMetrics()]
-                self.run.agreed_stops = True
+                self.run.agreed_stops = self.run.logs_averaged = True
             callbacks = ordered_callbacks(self.callbacks + extra) + [self.history]
             users_bar = any(isinstance(c, keras.callbacks.ProgbarLogger) for c in self.callbacks)
             if self.verbose != 0 and self.source is None and not users_bar:  # Keras adds none next to a user's own
