@@ -213,6 +213,16 @@ def test_kfits_early_stopping_and_plateau_under_model_fit_decide_the_same_on_eve
 
 
 @pytest.mark.horovod
+def test_a_stop_one_worker_decides_under_model_fit_is_agreed_by_agreed_stop_callback(jobs):
+    # Rank 1 alone stops: TerminateOnNaN at its second step (a NaN label), an EarlyStopping at the second epoch's end
+    # (given to rank 1 only). With AgreedStopCallback last both workers stop there; without it rank 0 went on alone
+    # and failed in its next gradient allreduce.
+    (_, i0), (_, i1) = _results(jobs, "model_fit")
+    assert i0["agreed_stops"] == i1["agreed_stops"] == {"nan": {"epochs": [0], "steps": 2},
+                                                        "early_stopping": {"epochs": [0, 1], "steps": 8}}
+
+
+@pytest.mark.horovod
 def test_metric_average_callback_weights_each_worker_by_its_samples(jobs):
     (_, i0), (_, i1) = _results(jobs, "model_fit")
     m = common.MODEL_FIT

@@ -385,6 +385,11 @@ def test_kfits_early_stopping_and_plateau_under_model_fit_decide_the_same_on_eve
 
 
 @native_only
+def test_a_stop_one_worker_decides_under_model_fit_is_agreed_by_agreed_stop_callback(jobs):
+    horovod_checks.test_a_stop_one_worker_decides_under_model_fit_is_agreed_by_agreed_stop_callback(jobs)
+
+
+@native_only
 def test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs):
     horovod_checks.test_verbose_decisions_of_kfits_callbacks_print_once_per_job(jobs)
 

@@ -135,9 +135,9 @@ class Checkpoint(KfitCallback):
     SIGTERM would have, so that a preempted run resumes bit-identically and loses no work. Under data-parallel
     ``kfit.fit`` a SIGTERM that reaches any worker is agreed on at the next step boundary (with the stops the
     workers agree on there): rank 0 saves, prints one line, and every worker ends as SIGTERM would (under plain
-    ``model.fit`` on several workers it is not agreed: a SIGTERM that reaches a worker other than rank 0 alone saves
-    nothing, and the workers it did not reach fail in their next gradient allreduce; train with ``kfit.fit`` to have
-    it agreed). Signal handlers
+    ``model.fit`` on several workers it is not agreed, not even by ``kfit.distributed.AgreedStopCallback``: a SIGTERM
+    that reaches a worker other than rank 0 alone saves nothing, and the workers it did not reach fail in their next
+    gradient allreduce; train with ``kfit.fit`` to have it agreed). Signal handlers
     are installed when training begins (in the main thread only) and the previous ones put back when it ends;
     a signal the process ignores stays ignored, and a handler of the program's own is called in its turn: if
     it lets training go on, the run keeps its path and its guard. One writer per path: the callback holds ``path + ".lock"`` from the start of training to its end, and

@@ -211,6 +211,7 @@ def _check_rank(root_rank: Any) -> None:
 
 
 _LAZY = {
+    "AgreedStopCallback": "kfit.distributed._callbacks",
     "BroadcastGlobalVariablesCallback": "kfit.distributed._callbacks",
     "MetricAverageCallback": "kfit.distributed._callbacks",
     "LearningRateWarmupCallback": "kfit.distributed._callbacks",
@@ -253,6 +254,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Adasum",
+    "AgreedStopCallback",
     "Average",
     "BroadcastGlobalVariablesCallback",
     "Compression",

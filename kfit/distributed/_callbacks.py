@@ -106,6 +106,37 @@ class MetricAverageCallback(keras.callbacks.Callback):
         self._train_count = None
 
 
+class AgreedStopCallback(keras.callbacks.Callback):
+    """Makes a stop that any worker decides stop every worker after the same step (plain ``model.fit``).
+
+    Under ``model.fit`` on several workers a stop decided on one worker only (a callback setting
+    ``model.stop_training``: Keras's ``TerminateOnNaN``, its ``EarlyStopping`` on the worker's own metric, your own
+    callback) ends that worker's ``model.fit`` alone, and the others fail in their next gradient allreduce. Put this
+    callback last in ``model.fit``'s list: after every step and at every epoch end, the workers agree (one allreduce
+    of one integer) and every worker stops if any worker's ``model.stop_training`` is set. That allreduce costs time
+    at every step (measured on loopback with one thread per worker: about 1.5 ms under Horovod, 0.2 ms under the
+    native engine). :func:`kfit.fit` agrees on every stop by itself; a SIGTERM under
+    ``kfit.callbacks.Checkpoint(save_on_preemption=True)`` is agreed under :func:`kfit.fit` only.
+
+    Example:
+        >>> import kfit.distributed as hvd
+        >>> callbacks = [keras.callbacks.TerminateOnNaN(), hvd.AgreedStopCallback()]
+        >>> # model.fit(x, y, callbacks=callbacks, ...)
+    """
+
+    def _agree(self, epoch: int | None = None, logs: dict | None = None) -> None:
+        from kfit import distributed
+
+        self.model.stop_training = distributed.any_true(bool(self.model.stop_training))
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._agree()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        # A stop decided as an epoch ends (a callback's on_epoch_end), which Keras reads before the next epoch.
+        self._agree(epoch, logs)
+
+
 def _momentum_to_correct(optimizer: keras.optimizers.Optimizer, owner: str) -> keras.Variable | None:
     """The momentum variable that a change of learning rate must correct (Goyal et al.), or None."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)

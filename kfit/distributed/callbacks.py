@@ -10,6 +10,7 @@ Example:
 """
 
 from kfit.distributed._callbacks import (
+    AgreedStopCallback,
     BroadcastGlobalVariablesCallback,
     LearningRateScheduleCallback,
     LearningRateWarmupCallback,
@@ -17,6 +18,7 @@ from kfit.distributed._callbacks import (
 )
 
 __all__ = [
+    "AgreedStopCallback",
     "BroadcastGlobalVariablesCallback",
     "LearningRateScheduleCallback",
     "LearningRateWarmupCallback",

@@ -29,6 +29,7 @@ from kfit.data._adapter import StreamAdapter, declared_batches, pack_batch
 from kfit.data._pydataset import PyDatasetStream
 from kfit.data._source import SourceAdapter, SourceDriver, batch_size_of
 from kfit.data._stream import SampleStream, dataset_length, flatten, is_sparse, is_streamable, pack, to_host
+from kfit.distributed._callbacks import AgreedStopCallback
 from kfit.training import _padding, _plan, _validation
 from kfit.training._compile_ahead import CompileAhead
 from kfit.training._driver import PlanDriver
@@ -524,7 +525,7 @@ class _StopAtSamples(_CountStep):
             self.model.stop_training = self.run.stopped_at_bound = True
 
 
-class _AgreedStop(keras.callbacks.Callback):
+class _AgreedStop(AgreedStopCallback):
     """Data-parallel runs: a stop decided on any worker ends training on every worker after the same
     step (none is left waiting in an allreduce alone), and so does a preemption (SIGTERM) that reached any
     worker: the same allreduce carries both, after every step and at every epoch end.
@@ -552,14 +553,6 @@ class _AgreedStop(keras.callbacks.Callback):
         elif stops and epoch is None:  # a checkpoint saves the step where every worker stops (Checkpoint._stop_agreed)
             for callback in self._stoppable:
                 callback._stop_agreed()
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self._agree()
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        # A stop decided as an epoch ends (a callback's on_epoch_end, a cross-validation at "1ep"), which Keras
-        # reads before the next epoch's first step; a SIGTERM that came during the epoch's end (validation).
-        self._agree(epoch, logs)
 
 
 class _AverageMetrics(keras.callbacks.Callback):

@@ -255,8 +255,22 @@ def scenario_model_fit() -> None:
         lr = kfit.optimizers.hyperparameter_variable(net.optimizer, "learning_rate")
         stops[name] = {"epochs": list(net.history.epoch), "lr": float(_backend.read_variable(net, lr)),
                        "weights": [w.tolist() for w in common.weights(net)]}
+    # A stop that rank 1 alone decides, with AgreedStopCallback last: at a step's end (Keras's TerminateOnNaN on a NaN
+    # in rank 1's second minibatch), and at an epoch's end (Keras's EarlyStopping on rank 1 only, stopping after the
+    # second epoch). Every worker stops after the same step; without it, rank 0 failed in its next gradient allreduce.
+    y_nan = y[mine].copy()
+    y_nan[m["batch_size"] + 1] = np.nan if RANK == 1 else y_nan[m["batch_size"] + 1]
+    early = keras.callbacks.EarlyStopping("loss", mode="max", min_delta=1e6, patience=1)
+    agreed = {}
+    for name, (labels, stopper) in {"nan": (y_nan, keras.callbacks.TerminateOnNaN()),
+                                    "early_stopping": (y[mine], early if RANK == 1 else Logs())}.items():
+        net = common.model(init_seed=10)
+        net.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=0.001)), loss="mse")
+        net.fit(x[mine], labels, batch_size=m["batch_size"], epochs=3, shuffle=False, verbose=0,
+                callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), stopper, hvd.AgreedStopCallback()])
+        agreed[name] = {"epochs": list(net.history.epoch), "steps": int(_backend.read_variable(net, net.optimizer.iterations))}
     common.save(out("model_fit"), arrays, {"local": local.epochs, "averaged": averaged.epochs, "lr": rates.values,
-                                           "monitors": stops})
+                                           "monitors": stops, "agreed_stops": agreed})
 
 
 # -- resume ------------------------------------------------------------------------------------------
