@@ -7,6 +7,8 @@ import math
 import os
 import pathlib
 
+from kfit import _files
+
 _NOT_METRICS = {
     "kind", "epoch", "samples", "minibatches", "lr", "momentum", "minibatch_size", "time",
     "val_samples", "val_minibatches", "val_index", "test_samples", "test_minibatches",
@@ -103,6 +105,8 @@ def plot_history(csv_path: str | os.PathLike, output_path: str | os.PathLike) ->
         ValueError: if the file is empty, not UTF-8 text, not a CSV, or has no ``samples`` column; if
             ``output_path`` is a directory.
         ImportError: if matplotlib is not installed (``pip install kfit[plot]``).
+        OSError: if the picture cannot be written (a full disk, a read-only folder), naming it; a picture there
+            before is left as it was.
 
     Example:
         >>> from kfit.plotting import plot_history
@@ -140,5 +144,7 @@ def plot_history(csv_path: str | os.PathLike, output_path: str | os.PathLike) ->
     figure.tight_layout()
 
     output.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(output)
+    # Beside it, then renamed over it: a full disk leaves the previous picture as it was, and no cut file.
+    _files.replace(os.fspath(output), lambda temporary: figure.savefig(temporary, format=output.suffix[1:]),
+                   "the picture", "A picture there before is as it was.")
     return output

@@ -343,3 +343,101 @@ def test_a_second_process_on_one_path_is_refused_naming_the_holder(tmp_path):
     # start over instead of resuming, so that the outcome does not depend on timing.
     _fit(tmp_path / "run.ckpt", restore=False)
     assert read_checkpoint_info(tmp_path / "run.ckpt").samples == 32
+
+
+# -- the log writers and `kfit plot` on a full disk ----------------------------------------------------
+def _event_records(data: bytes) -> list[bytes]:
+    """The events of a TensorBoard event file, each record's two CRCs checked; a torn or damaged record fails."""
+    from kfit.callbacks._tensorboard import _masked_crc32c
+
+    records, at = [], 0
+    while at < len(data):
+        header = data[at:at + 8]
+        assert len(header) == 8 and data[at + 8:at + 12] == _masked_crc32c(header).to_bytes(4, "little"), at
+        length = int.from_bytes(header, "little")
+        event = data[at + 12:at + 12 + length]
+        assert len(event) == length and data[at + 12 + length:at + 16 + length] == _masked_crc32c(event).to_bytes(4, "little"), at
+        records.append(event)
+        at += 16 + length
+    return records
+
+
+@pytest.mark.slow
+def test_log_writers_and_plot_on_a_full_disk_fail_naming_the_file_and_keep_it_whole(tmp_path):
+    """CSVHistory, ProgressPrinter(log_to_file=...) and TensorBoardProgressWriter, each in a 256 KB tmpfs that fills
+    at sample 200 of 1200 (its Checkpoint on another disk): training stops with an OSError (ENOSPC) naming the file;
+    the file keeps whole rows, lines and records only; the run resumed on the emptied disk ends with the
+    uninterrupted run's CSV rows. ``kfit plot`` on the full disk names the picture and leaves the one there before."""
+    if not _unshare_works():
+        pytest.fail("`unshare -rm` does not work here: the full-disk tests need unprivileged user namespaces")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    scenarios = {"csv": "csv", "progress": "progress", "tensorboard": "tensorboard", "plot": "plot"}
+    command = f'mount -t tmpfs -o size=256k tmpfs "{disk}" && exec "$0" "$@"'
+    code, events, stderr = run("logs_disk_full", disk, scenarios, prefix=["unshare", "-rm", "sh", "-c", command])
+    assert code == 0, stderr[-3000:]
+    failed = {e["name"]: e for e in events if e["event"] == "failed"}
+    resumed = {e["name"]: e for e in events if e["event"] == "resumed"}
+    assert failed.keys() == resumed.keys() == {"csv", "progress", "tensorboard"}, (events, stderr[-3000:])
+    files = {name: {path: bytes.fromhex(data) for path, data in e["files"].items()} for name, e in failed.items()}
+    after = {name: {path: bytes.fromhex(data) for path, data in e["files"].items()} for name, e in resumed.items()}
+    what = {"csv": "the CSV history", "progress": "the progress log", "tensorboard": "the TensorBoard event file"}
+    for name, event in failed.items():
+        (path,) = files[name]
+        assert event["errno"] == 28, event  # ENOSPC, as an OSError
+        assert f"Cannot write {what[name]} '{disk}/{name}/{path}': No space left on device" in event["message"], event
+        assert 200 <= event["samples"] < 1200, event  # the last good checkpoint, from which the run resumes
+        assert resumed[name]["error"] is None and resumed[name]["samples"] == 1200, resumed[name]
+
+    # The CSV: whole rows when training stopped; after the resume every epoch's row once, as in one run.
+    text = files["csv"]["logs/history.csv"].decode()
+    assert text.endswith("\n") and all(line.count(",") == text.count(",", 0, text.index("\n"))
+                                       for line in text.splitlines()), text[-500:]
+    rows = [line.split(",") for line in after["csv"]["logs/history.csv"].decode().splitlines()]
+    assert [int(row[2]) for row in rows[1:]] == list(range(8, 1201, 8))
+    # The progress log: whole lines only, before and after the resume.
+    for lines in (files["progress"]["logs/progress.txt"], after["progress"]["logs/progress.txt"]):
+        assert lines.endswith(b"\n") and all(line.startswith((b"Minibatch", b"Finished Epoch[")) for line in lines.splitlines())
+    # TensorBoard: every record whole (TensorBoard stops reading a file at a torn one); the resumed run's own file.
+    (stopped,) = files["tensorboard"]
+    assert len(_event_records(files["tensorboard"][stopped])) > 10
+    assert after["tensorboard"][stopped] == files["tensorboard"][stopped]
+    (new,) = set(after["tensorboard"]) - {stopped}
+    assert len(_event_records(after["tensorboard"][new])) > 10
+
+    (plot,) = [e for e in events if e["event"] == "plot"]
+    redrawn, new_picture = plot["errors"]
+    assert redrawn[2] == new_picture[2] == 28 and redrawn[3] == f"{disk}/plot/curves.png", plot["errors"]
+    assert f"Cannot write the picture '{disk}/plot/new.png': No space left on device" in new_picture[1]
+    assert plot["files"] == ["curves.png", "filler", "filler2", "history.csv"]  # no cut new.png, no temporary file
+    assert bytes.fromhex(plot["picture"]).startswith(b"\x89PNG") and bytes.fromhex(plot["picture"]).endswith(b"IEND\xaeB`\x82")
+
+
+def test_a_log_folder_removed_during_the_run_is_made_again(tmp_path):
+    """``rm -rf`` of the log folders between epochs: training goes on, the CSV starts again with its header, the
+    progress log goes on in a new file, and TensorBoard's points go to a new event file, with a warning."""
+    import shutil
+
+    logs, tb = tmp_path / "logs", tmp_path / "tb"
+
+    class Remove(kfit.callbacks.KfitCallback):
+        def on_epoch_end(self, epoch, logs_=None):
+            if epoch == 1:
+                shutil.rmtree(logs)
+                shutil.rmtree(tb)
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((16, 3), "float32"), np.ones((16, 1), "float32")
+    callbacks = [kfit.callbacks.CSVHistory(logs / "history.csv"), Remove(name="remove"),
+                 kfit.callbacks.ProgressPrinter(log_to_file=logs / "progress.txt"),
+                 kfit.callbacks.TensorBoardProgressWriter(tb, freq=1)]
+    with pytest.warns(UserWarning, match="was removed while the run wrote it"):
+        history = kfit.fit(model, x, y, minibatch_size=8, epochs=4, callbacks=callbacks, verbose=0)
+    assert len(history.history["loss"]) == 4
+    rows = (logs / "history.csv").read_text().splitlines()
+    assert rows[0].startswith("kind,epoch,samples") and [row.split(",")[2] for row in rows[1:]] == ["48", "64"]
+    assert (logs / "progress.txt").read_text().splitlines()[-1].startswith("Finished Epoch[4]")
+    (events,) = os.listdir(tb)
+    assert len(_event_records((tb / events).read_bytes())) > 4

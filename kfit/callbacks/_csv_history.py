@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
 import time
 from typing import Any
 
-from kfit import _checks, distributed
+from kfit import _checks, _files, distributed
 from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._running_means import ScheduledValues, kfit_names, to_float
 from kfit.clock import Clock
 
 LEADING_COLUMNS = ("kind", "epoch", "samples", "minibatches")
 TRAILING_COLUMNS = ("lr", "momentum", "minibatch_size", "time")
+_KEPT = "The rows already in it are whole."
 
 
 def _parse(text: str | None) -> float:
@@ -44,6 +46,10 @@ class CSVHistory(KfitCallback):
     the epoch that a run stopped in the middle of wrote its row after its last step was saved) and appends from
     there: no row is written twice, and the file is the uninterrupted run's. A run that starts from 0 in an
     existing file therefore replaces that file's rows. Only the chief worker writes.
+
+    A row that cannot be written (a full disk, a read-only file system) stops training with an ``OSError`` naming
+    the file and the cause, before the epoch's checkpoint is written; the file keeps whole rows only, and the run
+    resumed from its last checkpoint writes the rows after it. A folder removed during the run is made again.
 
     Args:
         path: the CSV file (created with its directory if missing).
@@ -79,14 +85,19 @@ class CSVHistory(KfitCallback):
 
     def _rewrite(self, columns: list[str], rows: list[dict[str, Any]]) -> None:
         directory = os.path.dirname(self.path)
-        if directory:
-            os.makedirs(directory, exist_ok=True)
-        temporary = f"{self.path}.tmp{os.getpid()}"
-        with open(temporary, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=columns, restval="", extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(temporary, self.path)
+        try:
+            if directory:
+                os.makedirs(directory, exist_ok=True)
+        except OSError as cause:
+            raise _files.WriteError("the CSV history", self.path, cause, _KEPT) from cause
+
+        def write(temporary: str) -> None:
+            with open(temporary, "w", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, fieldnames=columns, restval="", extrasaction="ignore")
+                writer.writeheader()
+                writer.writerows(rows)
+
+        _files.replace(self.path, write, "the CSV history", _KEPT)
         self._columns = columns
 
     def _truncate_to(self, samples: int) -> None:
@@ -136,8 +147,13 @@ class CSVHistory(KfitCallback):
             results_columns = [c for c in columns if c not in fixed] + new_results
             _, rows = self._read()
             self._rewrite([*LEADING_COLUMNS, *results_columns, *TRAILING_COLUMNS], rows)
-        with open(self.path, "a", newline="", encoding="utf-8") as f:
-            csv.DictWriter(f, fieldnames=self._columns, restval="").writerow(row)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=self._columns, restval="")
+        if not os.path.exists(self.path):  # (its folder was removed during the run: the file starts again)
+            writer.writeheader()
+        writer.writerow(row)
+        # Whole rows only: a full disk cuts the file back to its last row and raises an OSError naming it.
+        _files.append(self.path, text.getvalue().encode("utf-8"), "the CSV history", _KEPT)
         self._rows = (self._rows or 0) + 1
 
     # -- hooks -----------------------------------------------------------------------------------

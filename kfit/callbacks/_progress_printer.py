@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from kfit import _checks, distributed
+from kfit import _checks, _files, distributed
 from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._running_means import (
     HYPERPARAMETER_KEYS,
@@ -114,7 +114,9 @@ class ProgressPrinter(KfitCallback):
         first: the first ``first`` minibatches of each epoch get a line each.
         tag: printed as ``[tag] `` before every line.
         log_to_file: a file the lines are appended to (a restarted run appends, never truncates), instead
-            of stderr. "Redirecting log to file PATH" is printed to stderr once.
+            of stderr. "Redirecting log to file PATH" is printed to stderr once. A line that cannot be written (a
+            full disk, a read-only file system) stops training with an ``OSError`` naming the file and the cause;
+            the lines before it stay whole. A folder removed during the run is made again.
         rank: CNTK's worker rank (``rank=kfit.distributed.rank()``), or None: with ``log_to_file``, the lines
             go to ``f"{log_to_file}rank{rank}"``, CNTK's file name; without it, nothing changes. As always, only the
             chief prints (CNTK wrote a file on every worker; kfit's lines already count all workers' samples).
@@ -212,8 +214,9 @@ class ProgressPrinter(KfitCallback):
         if self.log_to_file is None:
             print(line, file=sys.stderr, flush=True)
         else:
-            with open(self.log_to_file, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
+            # Whole lines only: a full disk cuts the file back to its last line and raises an OSError naming it.
+            _files.append(self.log_to_file, (line + "\n").encode("utf-8"), "the progress log",
+                          "Its lines up to this one are whole.")
 
     def _value(self, key: str, value: float) -> str:
         if self.metric_is_pct and _is_accuracy(key):

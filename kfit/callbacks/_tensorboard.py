@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import sys
 import time
+import warnings
 from typing import Any
 
-from kfit import _checks, distributed
+from kfit import _checks, _files, distributed
 from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._running_means import (
     IntervalMeans,
@@ -73,6 +75,11 @@ def _event(wall_time: float, step: int, body: bytes) -> bytes:
 class EventFileWriter:
     """Appends scalar events to a new TensorBoard event file in ``log_dir``.
 
+    Events are kept in memory and written at :meth:`flush` (and whenever 64 KB are waiting) whole or not at all:
+    a write that fails (a full disk, a read-only file system) cuts the file back to its last whole event and
+    raises an ``OSError`` naming the file and the cause, so that TensorBoard never meets a torn record. A file
+    removed while the run writes (its folder deleted) is started again, with a warning.
+
     Example:
         >>> import tempfile
         >>> with tempfile.TemporaryDirectory() as log_dir:
@@ -81,19 +88,36 @@ class EventFileWriter:
         ...     writer.close()
     """
 
+    _FLUSH_AT = 1 << 16
+
     def __init__(self, log_dir: str | os.PathLike):
-        os.makedirs(log_dir, exist_ok=True)
+        self.log_dir = os.fspath(log_dir)
         # TensorBoard reads a folder's event files in name order: seconds then nanoseconds, both zero-padded,
         # so that a resumed run's file sorts after the file of the run it resumes, even within one second.
         now = time.time_ns()
         name = f"events.out.tfevents.{now // 10**9:010d}.{socket.gethostname()}.{os.getpid()}.{now % 10**9:09d}.kfit"
-        self.path = os.path.join(os.fspath(log_dir), name)
-        self._file = open(self.path, "ab")
+        self.path = os.path.join(self.log_dir, name)
+        self._fd: int | None = None
+        self._pending = bytearray()
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            os.makedirs(self.log_dir, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        except OSError as cause:
+            raise self._failed(cause) from cause
         self._write(b"\x09" + struct.pack("<d", time.time()) + _field(3, b"brain.Event:2"))
+
+    def _failed(self, cause: OSError) -> _files.WriteError:
+        return _files.WriteError("the TensorBoard event file", self.path, cause,
+                                 "The events already in it are whole.")
 
     def _write(self, event: bytes) -> None:
         header = struct.pack("<Q", len(event))
-        self._file.write(header + struct.pack("<I", _masked_crc32c(header)) + event + struct.pack("<I", _masked_crc32c(event)))
+        self._pending += header + struct.pack("<I", _masked_crc32c(header)) + event + struct.pack("<I", _masked_crc32c(event))
+        if len(self._pending) >= self._FLUSH_AT:
+            self.flush()
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         """Writes ``value`` under ``tag`` at ``step``."""
@@ -105,10 +129,28 @@ class EventFileWriter:
         self._write(_event(time.time(), int(step), _field(7, b"\x08\x01")))
 
     def flush(self) -> None:
-        self._file.flush()
+        """Writes the events waiting, whole or not at all."""
+        if self._fd is None or not self._pending:
+            return
+        if not os.path.exists(self.path):  # removed during the run (its folder deleted): start the file again
+            warnings.warn(f"The TensorBoard event file {self.path!r} was removed while the run wrote it: the points it "
+                          "held are lost; the run's next points go to a new file of that name.", stacklevel=2)
+            pending, self._pending = self._pending, bytearray()
+            os.close(self._fd)
+            self._fd = None
+            self._open()
+            self._pending += pending
+        pending, self._pending = bytes(self._pending), bytearray()
+        _files.append_whole(self._fd, pending, self._failed)
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd is None:
+            return
+        try:
+            self.flush()
+        finally:
+            os.close(self._fd)
+            self._fd = None
 
 
 class TensorBoardProgressWriter(KfitCallback):
@@ -306,6 +348,17 @@ class TensorBoardProgressWriter(KfitCallback):
         # Flushed, not closed: a final test (kfit.callbacks.Test) reports after on_train_end.
         self._training = False
         self.flush()
+
+    def _run_ended(self) -> None:
+        """The run ended (told by its loop, also after an exception): the points waiting are written, so that the
+        steps of an epoch a run ended in are kept as they were when events were written through a buffered file (a
+        failed write is printed: the run's own exception is the one to see)."""
+        if self._training:
+            self._training = False
+            try:
+                self.flush()
+            except OSError as error:
+                print(f"kfit: {error}", file=sys.stderr, flush=True)
 
     def _close(self) -> None:
         if self._writer is not None:

@@ -13,6 +13,10 @@ Modes:
              ("ignore": the process ignores SIGINT, as a job started with `&` from a script does; "own": a
              handler of the program's own, which prints {"event": "own_handler"} and lets training go on).
              Otherwise SIGINT has Python's own handler, whatever the test runner's disposition was.
+  logs_disk_full  OPTIONS_JSON maps scenario names to a log writer ("csv", "progress", "tensorboard") or "plot":
+             each kfit.fit with that writer in DIRECTORY/<name> (its Checkpoint beside DIRECTORY) meets the disk
+             filled at sample 200, reports {"event": "failed"}, then resumes on the emptied disk ({"event":
+             "resumed"}); "plot" draws a picture, fills the disk, draws it again and a new one ({"event": "plot"}).
   disk_full  OPTIONS_JSON maps scenario names to train options (or {"save_checkpoint": true}: save, fill
              the disk, save again); each runs in DIRECTORY/<name>, catches the CheckpointError, empties the
              disk again and prints a JSON report of what is on disk.
@@ -157,11 +161,104 @@ def disk_full(name: str, directory: str, options: dict) -> None:
     report(name, directory, error)
 
 
+def fill_last_byte(directory: str) -> None:
+    """Fills the file system of ``directory`` to the last byte (a file's last page may still hold a few bytes more)."""
+    fill(directory)
+    fd = os.open(os.path.join(directory, "filler2"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        while True:
+            os.write(fd, b"\0")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class FillAt(kfit.callbacks.KfitCallback):
+    def __init__(self, directory: str, samples: int):
+        super().__init__(name="fill")
+        self.directory, self.samples = directory, samples
+
+    def on_step_end(self, clock, logs):
+        if self.samples is not None and clock.samples >= self.samples:
+            self.samples = None
+            fill_last_byte(self.directory)
+
+
+def log_writers(directory: str, checkpoint_path: str, writer: str, fill_at: int | None):
+    """kfit.fit with one log writer in ``directory`` and a Checkpoint at ``checkpoint_path``, filling the disk of
+    ``directory`` once the clock passes ``fill_at``: the run's CSV rows or the error that ended it."""
+    model, x, y = model_and_data()
+    callbacks = [kfit.callbacks.Checkpoint(checkpoint_path, frequency="1ep")]
+    if writer == "csv":
+        callbacks.append(kfit.callbacks.CSVHistory(os.path.join(directory, "logs", "history.csv")))
+    elif writer == "progress":
+        callbacks.append(kfit.callbacks.ProgressPrinter(freq=1, log_to_file=os.path.join(directory, "logs", "progress.txt")))
+    else:
+        callbacks.append(kfit.callbacks.TensorBoardProgressWriter(os.path.join(directory, "tb"), freq=1))
+    if fill_at is not None:
+        callbacks.append(FillAt(directory, fill_at))
+    try:
+        kfit.fit(model, x, y, minibatch_size=8, epoch_size=8, epochs=150, seed=3, callbacks=callbacks, verbose=0)
+    except OSError as error:
+        return error
+    return None
+
+
+def contents(directory: str) -> dict:
+    """Every file under ``directory`` but the fillers: relative path -> its bytes in hex (the disk ends with the child)."""
+    found = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            if not name.startswith("filler"):
+                path = os.path.join(root, name)
+                found[os.path.relpath(path, directory)] = open(path, "rb").read().hex()
+    return found
+
+
+def logs_disk_full(directory: str, options: dict) -> None:
+    """Each scenario (name: the writer, "csv", "progress" or "tensorboard"; or "plot") on the nearly empty disk:
+    the disk fills during training, the error is reported; the disk is emptied and the run resumed."""
+    for name, writer in options.items():
+        where = os.path.join(directory, name)
+        os.mkdir(where)
+        checkpoint = os.path.join(directory, "..", f"{name}.ckpt")  # (not on the full disk: the run resumes from it)
+        if writer == "plot":
+            from kfit.plotting import plot_history
+
+            history = os.path.join(where, "history.csv")
+            with open(history, "w") as f:
+                f.write("kind,epoch,samples,minibatches,loss\nepoch,1,16,2,1.0\nepoch,2,32,4,0.5\n")
+            plot_history(history, os.path.join(where, "curves.png"))
+            fill_last_byte(where)
+            errors = []
+            for picture in ("curves.png", "new.png"):
+                try:
+                    plot_history(history, os.path.join(where, picture))
+                except OSError as error:
+                    errors.append([type(error).__name__, str(error), error.errno, error.filename])
+            say(event="plot", name=name, errors=errors, files=sorted(os.listdir(where)),
+                picture=open(os.path.join(where, "curves.png"), "rb").read().hex())
+            os.remove(os.path.join(where, "filler"))
+            os.remove(os.path.join(where, "filler2"))
+            continue
+        error = log_writers(where, checkpoint, writer, fill_at=200)
+        say(event="failed", name=name, error=type(error).__name__, message=str(error), errno=getattr(error, "errno", None),
+            samples=kfit.checkpoint.read_checkpoint_info(checkpoint).samples, files=contents(where))
+        os.remove(os.path.join(where, "filler"))
+        os.remove(os.path.join(where, "filler2"))
+        error = log_writers(where, checkpoint, writer, fill_at=None)  # resumed, on a disk with room again
+        say(event="resumed", name=name, error=None if error is None else str(error),
+            samples=kfit.checkpoint.read_checkpoint_info(checkpoint).samples, files=contents(where))
+
+
 def main(mode: str, directory: str, options: dict) -> None:
     if mode == "train":
         model = train(directory, options)
         arrays = {f"v{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(model.variables + model.optimizer.variables)}
         np.savez(os.path.join(directory, "result.npz"), **arrays)
+    elif mode == "logs_disk_full":
+        logs_disk_full(directory, options)
     elif mode == "disk_full":
         for name, scenario in options.items():
             disk_full(name, os.path.join(directory, name), scenario)
