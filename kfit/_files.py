@@ -11,8 +11,14 @@ the file's) whose message names the file, the cause and what was kept.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Callable
+
+_CHECK = "Check its disk"
+_FIX = {errno.ENOSPC: "Free space on its disk", errno.EDQUOT: "Free space within your disk quota",
+        errno.EROFS: "Make its file system writable", errno.EACCES: "Make its folder writable",
+        errno.EPERM: "Make its folder writable"}
 
 
 class WriteError(OSError):
@@ -27,8 +33,8 @@ class WriteError(OSError):
         super().__init__(cause.errno, cause.strerror or str(cause), path)
         self.path = path
         self.cause = cause
-        self.message = (f"Cannot write {what} {path!r}: {cause.strerror or cause}. {kept} Free space on its disk or "
-                        f"choose another path, and resume the run from its last checkpoint.")
+        self.message = (f"Cannot write {what} {path!r}: {cause.strerror or cause}. {kept} {_FIX.get(cause.errno, _CHECK)}"
+                        " or choose another path, and resume the run from its last checkpoint.")
 
     def __str__(self) -> str:
         return self.message

@@ -362,6 +362,15 @@ def _event_records(data: bytes) -> list[bytes]:
     return records
 
 
+def _varint_at(data: bytes, at: int) -> int:
+    value, shift = 0, 0
+    while True:
+        value |= (data[at] & 0x7F) << shift
+        if data[at] < 0x80:
+            return value
+        at, shift = at + 1, shift + 7
+
+
 @pytest.mark.slow
 def test_log_writers_and_plot_on_a_full_disk_fail_naming_the_file_and_keep_it_whole(tmp_path):
     """CSVHistory, ProgressPrinter(log_to_file=...) and TensorBoardProgressWriter, each in a 256 KB tmpfs that fills
@@ -372,17 +381,20 @@ def test_log_writers_and_plot_on_a_full_disk_fail_naming_the_file_and_keep_it_wh
         pytest.fail("`unshare -rm` does not work here: the full-disk tests need unprivileged user namespaces")
     disk = tmp_path / "disk"
     disk.mkdir()
-    scenarios = {"csv": "csv", "progress": "progress", "tensorboard": "tensorboard", "plot": "plot"}
+    scenarios = {"csv": "csv", "progress": "progress", "tensorboard": "tensorboard", "plot": "plot",
+                 "read_only": "csv_read_only"}
     command = f'mount -t tmpfs -o size=256k tmpfs "{disk}" && exec "$0" "$@"'
     code, events, stderr = run("logs_disk_full", disk, scenarios, prefix=["unshare", "-rm", "sh", "-c", command])
     assert code == 0, stderr[-3000:]
     failed = {e["name"]: e for e in events if e["event"] == "failed"}
     resumed = {e["name"]: e for e in events if e["event"] == "resumed"}
-    assert failed.keys() == resumed.keys() == {"csv", "progress", "tensorboard"}, (events, stderr[-3000:])
+    assert failed.keys() == {"csv", "progress", "tensorboard", "read_only"}, (events, stderr[-3000:])
+    assert resumed.keys() == {"csv", "progress", "tensorboard"}, (events, stderr[-3000:])
     files = {name: {path: bytes.fromhex(data) for path, data in e["files"].items()} for name, e in failed.items()}
     after = {name: {path: bytes.fromhex(data) for path, data in e["files"].items()} for name, e in resumed.items()}
     what = {"csv": "the CSV history", "progress": "the progress log", "tensorboard": "the TensorBoard event file"}
-    for name, event in failed.items():
+    for name, event in resumed.items():
+        event = failed[name]
         (path,) = files[name]
         assert event["errno"] == 28, event  # ENOSPC, as an OSError
         assert f"Cannot write {what[name]} '{disk}/{name}/{path}': No space left on device" in event["message"], event
@@ -403,7 +415,20 @@ def test_log_writers_and_plot_on_a_full_disk_fail_naming_the_file_and_keep_it_wh
     assert len(_event_records(files["tensorboard"][stopped])) > 10
     assert after["tensorboard"][stopped] == files["tensorboard"][stopped]
     (new,) = set(after["tensorboard"]) - {stopped}
-    assert len(_event_records(after["tensorboard"][new])) > 10
+    records = _event_records(after["tensorboard"][new])
+    assert len(records) > 10
+    # It starts at the restored checkpoint's reading (TensorBoard drops the stopped file's points from there on).
+    restart = records[1]
+    assert restart[9] == 0x10 and restart.endswith(b"\x3a\x02\x08\x01"), restart  # step, then SessionLog START
+    assert _varint_at(restart, 10) == failed["tensorboard"]["samples"]
+
+    # A folder made read-only (a read-only mount over it): the same, with the cause.
+    read_only = failed["read_only"]
+    # The row of the epoch ending at sample 200 fails: that epoch's checkpoint is not written, the one before it stays.
+    assert read_only["errno"] == 30 and read_only["samples"] == 192, read_only
+    assert (f"Cannot write the CSV history '{disk}/read_only/logs/history.csv': Read-only file system. The rows already "
+            "in it are whole. Make its file system writable") in read_only["message"]
+    assert files["read_only"]["logs/history.csv"].endswith(b"\n")
 
     (plot,) = [e for e in events if e["event"] == "plot"]
     redrawn, new_picture = plot["errors"]

@@ -13,7 +13,8 @@ Modes:
              ("ignore": the process ignores SIGINT, as a job started with `&` from a script does; "own": a
              handler of the program's own, which prints {"event": "own_handler"} and lets training go on).
              Otherwise SIGINT has Python's own handler, whatever the test runner's disposition was.
-  logs_disk_full  OPTIONS_JSON maps scenario names to a log writer ("csv", "progress", "tensorboard") or "plot":
+  logs_disk_full  OPTIONS_JSON maps scenario names to a log writer ("csv", "progress", "tensorboard"), "plot" or
+             "csv_read_only" (the CSV's folder made read-only at sample 200 instead; not resumed):
              each kfit.fit with that writer in DIRECTORY/<name> (its Checkpoint beside DIRECTORY) meets the disk
              filled at sample 200, reports {"event": "failed"}, then resumes on the emptied disk ({"event":
              "resumed"}); "plot" draws a picture, fills the disk, draws it again and a new one ({"event": "plot"}).
@@ -25,6 +26,7 @@ Modes:
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -175,29 +177,37 @@ def fill_last_byte(directory: str) -> None:
 
 
 class FillAt(kfit.callbacks.KfitCallback):
-    def __init__(self, directory: str, samples: int):
+    """Fills the disk of ``directory`` once the clock passes ``samples``; or, ``read_only``, makes its folder
+    ``logs`` read-only (a read-only bind mount over it: the namespace's root may write anything else)."""
+
+    def __init__(self, directory: str, samples: int, read_only: bool = False):
         super().__init__(name="fill")
-        self.directory, self.samples = directory, samples
+        self.directory, self.samples, self.read_only = directory, samples, read_only
 
     def on_step_end(self, clock, logs):
         if self.samples is not None and clock.samples >= self.samples:
             self.samples = None
-            fill_last_byte(self.directory)
+            if self.read_only:
+                logs = os.path.join(self.directory, "logs")
+                subprocess.run(["mount", "--bind", logs, logs], check=True)
+                subprocess.run(["mount", "-o", "remount,bind,ro", logs], check=True)
+            else:
+                fill_last_byte(self.directory)
 
 
-def log_writers(directory: str, checkpoint_path: str, writer: str, fill_at: int | None):
+def log_writers(directory: str, checkpoint_path: str, writer: str, fill_at: int | None, read_only: bool = False):
     """kfit.fit with one log writer in ``directory`` and a Checkpoint at ``checkpoint_path``, filling the disk of
     ``directory`` once the clock passes ``fill_at``: the run's CSV rows or the error that ended it."""
     model, x, y = model_and_data()
     callbacks = [kfit.callbacks.Checkpoint(checkpoint_path, frequency="1ep")]
-    if writer == "csv":
+    if writer in ("csv", "csv_read_only"):
         callbacks.append(kfit.callbacks.CSVHistory(os.path.join(directory, "logs", "history.csv")))
     elif writer == "progress":
         callbacks.append(kfit.callbacks.ProgressPrinter(freq=1, log_to_file=os.path.join(directory, "logs", "progress.txt")))
     else:
         callbacks.append(kfit.callbacks.TensorBoardProgressWriter(os.path.join(directory, "tb"), freq=1))
     if fill_at is not None:
-        callbacks.append(FillAt(directory, fill_at))
+        callbacks.append(FillAt(directory, fill_at, read_only))
     try:
         kfit.fit(model, x, y, minibatch_size=8, epoch_size=8, epochs=150, seed=3, callbacks=callbacks, verbose=0)
     except OSError as error:
@@ -241,6 +251,11 @@ def logs_disk_full(directory: str, options: dict) -> None:
                 picture=open(os.path.join(where, "curves.png"), "rb").read().hex())
             os.remove(os.path.join(where, "filler"))
             os.remove(os.path.join(where, "filler2"))
+            continue
+        if writer == "csv_read_only":  # the folder made read-only instead: then nothing more
+            error = log_writers(where, checkpoint, writer, fill_at=200, read_only=True)
+            say(event="failed", name=name, error=type(error).__name__, message=str(error), errno=getattr(error, "errno", None),
+                samples=kfit.checkpoint.read_checkpoint_info(checkpoint).samples, files=contents(where))
             continue
         error = log_writers(where, checkpoint, writer, fill_at=200)
         say(event="failed", name=name, error=type(error).__name__, message=str(error), errno=getattr(error, "errno", None),
