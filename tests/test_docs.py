@@ -30,7 +30,7 @@ def test_readme_quick_start_commands_exist():
 
 
 LOWER_LAYERS = ["kfit/checkpoint", "kfit/data", "kfit/schedules", "kfit/optimizers", "kfit/_run.py", "kfit/clock.py",
-                "kfit/interval.py", "kfit/_checks.py", "kfit/_backend.py"]
+                "kfit/interval.py", "kfit/_checks.py", "kfit/_files.py", "kfit/_backend.py"]
 UPPER_LAYERS = ("kfit.callbacks", "kfit.training")
 
 
