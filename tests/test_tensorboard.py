@@ -199,3 +199,21 @@ def test_the_cntk_guides_call_with_freq_first_and_log_dir_and_model_by_keyword(t
         TensorBoardProgressWriter(tmp_path, rank=-1)
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'logdir'"):
         TensorBoardProgressWriter(logdir=tmp_path)
+
+
+def test_minibatch_points_reach_the_file_as_they_come_not_at_the_epochs_end(tmp_path):
+    """TensorBoard shows a long epoch's minibatch-level points while it trains: each freq's points are written
+    when they are made (the writer keeps events in memory until a flush, to write them whole)."""
+    x, y = data(96)
+    seen = []
+
+    class ReadBack(KfitCallback):
+        order = 100  # after the writer
+
+        def on_step_end(self, clock, logs):
+            if clock.samples == 64:  # the third of six steps of the epoch
+                seen.append(read_scalars(tmp_path).get("minibatch/loss", []))
+
+    kfit.fit(classifier(), x, y, batch_size=16, epochs=1, shuffle=False, verbose=0,
+             callbacks=[TensorBoardProgressWriter(log_dir=str(tmp_path), freq=1), ReadBack()])
+    assert [step for step, _ in seen[0]] == [16, 32, 48, 64]

@@ -75,7 +75,8 @@ def _event(wall_time: float, step: int, body: bytes) -> bytes:
 class EventFileWriter:
     """Appends scalar events to a new TensorBoard event file in ``log_dir``.
 
-    Events are kept in memory and written at :meth:`flush` (and whenever 64 KB are waiting) whole or not at all:
+    Events are kept in memory and written at :meth:`flush` (and whenever 64 KB are waiting) whole or not at all
+    (:class:`TensorBoardProgressWriter` flushes at each ``freq`` and each epoch end):
     a write that fails (a full disk, a read-only file system) cuts the file back to its last whole event and
     raises an ``OSError`` naming the file and the cause, so that TensorBoard never meets a torn record. A file
     removed while the run writes (its folder deleted) is started again, with a warning.
@@ -314,6 +315,7 @@ class TensorBoardProgressWriter(KfitCallback):
         interval = self._intervals.interval(clock, logs)
         for key, value in interval.means.items():
             self.write_value(f"minibatch/{key}", value, clock.samples)
+        self.flush()  # (TensorBoard shows the minibatch-level points as they come)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         clock = self.clock
