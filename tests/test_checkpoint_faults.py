@@ -466,3 +466,37 @@ def test_a_log_folder_removed_during_the_run_is_made_again(tmp_path):
     assert (logs / "progress.txt").read_text().splitlines()[-1].startswith("Finished Epoch[4]")
     (events,) = os.listdir(tb)
     assert len(_event_records((tb / events).read_bytes())) > 4
+
+
+def test_a_checkpoint_folder_removed_during_the_run_is_named_as_missing(tmp_path):
+    """``rm -rf`` of the Checkpoint's folder mid-run: the failed save says the folder no longer exists, not that the
+    previous checkpoint there is untouched (it is gone); a save into a folder that exists and fails still says so."""
+    import shutil
+
+    folder = tmp_path / "run"
+
+    class Remove(kfit.callbacks.KfitCallback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                shutil.rmtree(folder)
+
+    def train(callbacks):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        x, y = np.ones((16, 3), "float32"), np.ones((16, 1), "float32")
+        kfit.fit(model, x, y, minibatch_size=8, epochs=3, callbacks=callbacks, verbose=0)
+        return model
+
+    with pytest.raises(kfit.checkpoint.CheckpointWriteError,
+                       match=r"does not exist \(removed during the run\?\).*no checkpoint is left there"):
+        train([kfit.callbacks.Checkpoint(folder / "a.ckpt", epochs=1), Remove(name="remove")])
+    os.makedirs(folder)
+    model = train([])
+    os.chmod(folder, 0o500)
+    try:
+        if os.access(folder, os.W_OK):
+            return  # (root writes anywhere: the read-only case cannot be made here)
+        with pytest.raises(kfit.checkpoint.CheckpointWriteError, match="is writable and has free space; the previous"):
+            kfit.save_checkpoint(folder / "a.ckpt", model, clock=kfit.Clock(samples=16, minibatches=2))
+    finally:
+        os.chmod(folder, 0o700)

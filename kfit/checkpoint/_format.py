@@ -287,11 +287,12 @@ def write_file(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dic
     except OSError as error:
         _remove_quietly(temp)
         reason = error.strerror or str(error)
-        raise CheckpointWriteError(
-            f"Cannot write the checkpoint {path!r}: {reason}. Check that the directory {directory!r} exists, "
-            "is a directory, is writable and has free space; the previous checkpoint there is untouched.",
-            path, error,
-        ) from error
+        fix = (f"the directory {directory!r} does not exist (removed during the run?): make it again or choose "
+               "another path; no checkpoint is left there" if not os.path.lexists(directory) else
+               f"check that {directory!r} is a directory, is writable and has free space; the previous checkpoint "
+               "there is untouched")
+        raise CheckpointWriteError(f"Cannot write the checkpoint {path!r}: {reason}. {fix[0].upper()}{fix[1:]}.",
+                                   path, error) from error
     except BaseException:
         _remove_quietly(temp)
         raise
