@@ -134,9 +134,10 @@ class Run:
     #: kfit itself set ``model.stop_training`` at ``max_samples`` (on a source that batches by itself), no callback
     #: before it (see ``kfit.checkpoint._run_status.status``).
     stopped_at_bound: bool = False
-    #: Data-parallel :func:`kfit.fit`: the workers agree after every step and at every epoch end whether to stop
-    #: and whether a worker was preempted (``kfit.training._fit._AgreedStop``); a callback that stops the process
-    #: on SIGTERM acts when they have agreed, not alone.
+    #: Data-parallel :func:`kfit.fit`, or plain ``model.fit`` on several workers with
+    #: ``kfit.distributed.AgreedStopCallback``: the workers agree after every step and at every epoch end whether to
+    #: stop and whether a worker was preempted (that callback); a callback that stops the process on SIGTERM acts
+    #: when they have agreed, not alone.
     agreed_stops: bool = False
     #: Data-parallel :func:`kfit.fit`: the epoch logs every callback reads are averaged over the workers already
     #: (``kfit.training._fit._AverageMetrics``).

@@ -305,6 +305,24 @@ def test_sigterm_on_one_worker_saves_that_step_stops_every_worker_and_resumes_ex
 
 
 @pytest.mark.horovod
+def test_sigterm_on_one_worker_under_model_fit_is_agreed_by_agreed_stop_callback(jobs):
+    # The same under plain model.fit with a SampleClock and AgreedStopCallback last: SIGTERM reaches rank 1 alone after
+    # the step ending at its sample 40 (mid-epoch). Without the agreement rank 1 ended alone, saving nothing, and rank 0
+    # failed in its next gradient allreduce.
+    (_, i0), (_, i1) = _results(jobs, "preempt")
+    m0, m1 = i0["model_fit"], i1["model_fit"]
+    path = str(jobs["out"] / "preempt_model_fit" / "model.ckpt")
+    assert m0["preempted"] and m1["preempted"]
+    assert m0["saved"] == {"samples": 40, "status": "running"}
+    assert m0["stderr"] == (f"kfit: saved the checkpoint {path!r} at sample 40; stopping every worker (SIGTERM "
+                            "reached 1 of 2 workers).\n")
+    assert m1["stderr"] == ""
+    # The rerun resumes from that file (at its epoch's start, as model.fit does) and trains to the end on both workers.
+    assert m0["resumed"] == m1["resumed"]
+    assert {k: m0["resumed"][k] for k in ("from", "samples", "epochs")} == {"from": 40, "samples": 90, "epochs": [0, 1, 2]}
+
+
+@pytest.mark.horovod
 def test_horovods_allreduce_allgather_and_broadcast_work_on_values_on_every_worker(jobs):
     infos = [info for _, info in _results(jobs, "collectives")]
     assert infos[0] == infos[1]

@@ -370,6 +370,11 @@ def test_sigterm_on_one_worker_saves_that_step_stops_every_worker_and_resumes_ex
 
 
 @native_only
+def test_sigterm_on_one_worker_under_model_fit_is_agreed_by_agreed_stop_callback(jobs):
+    horovod_checks.test_sigterm_on_one_worker_under_model_fit_is_agreed_by_agreed_stop_callback(jobs)
+
+
+@native_only
 def test_horovods_allreduce_allgather_and_broadcast_work_on_values_on_every_worker(jobs):
     horovod_checks.test_horovods_allreduce_allgather_and_broadcast_work_on_values_on_every_worker(jobs)
 

@@ -133,11 +133,11 @@ class Checkpoint(KfitCallback):
     ``save_on_preemption`` a SIGTERM (how SLURM and Kubernetes preempt a job) saves the state at the end of
     the step being trained (at the epoch's end when that step ends an epoch), then ends the process as
     SIGTERM would have, so that a preempted run resumes bit-identically and loses no work. Under data-parallel
-    ``kfit.fit`` a SIGTERM that reaches any worker is agreed on at the next step boundary (with the stops the
-    workers agree on there): rank 0 saves, prints one line, and every worker ends as SIGTERM would (under plain
-    ``model.fit`` on several workers it is not agreed, not even by ``kfit.distributed.AgreedStopCallback``: a SIGTERM
-    that reaches a worker other than rank 0 alone saves nothing, and the workers it did not reach fail in their next
-    gradient allreduce; train with ``kfit.fit`` to have it agreed). Signal handlers
+    ``kfit.fit``, or plain ``model.fit`` with ``kfit.distributed.AgreedStopCallback`` last in its list, a SIGTERM that
+    reaches any worker is agreed on at the next step boundary (with the stops the workers agree on there): rank 0
+    saves, prints one line, and every worker ends as SIGTERM would (under plain ``model.fit`` on several workers
+    without that callback a SIGTERM that reaches a worker other than rank 0 alone saves nothing, and the workers it
+    did not reach fail in their next gradient allreduce). Signal handlers
     are installed when training begins (in the main thread only) and the previous ones put back when it ends;
     a signal the process ignores stays ignored, and a handler of the program's own is called in its turn: if
     it lets training go on, the run keeps its path and its guard. One writer per path: the callback holds ``path + ".lock"`` from the start of training to its end, and
@@ -164,7 +164,8 @@ class Checkpoint(KfitCallback):
         resume_finished: continue a run that a callback stopped (early stopping, cross-validation), instead
             of restoring its final state and training nothing.
         save_on_preemption: on SIGTERM, save at the next step boundary, then end the process (data-parallel:
-            a SIGTERM on any worker saves and ends every worker).
+            a SIGTERM on any worker saves and ends every worker; under plain ``model.fit``, with
+            ``kfit.distributed.AgreedStopCallback`` last).
         on_write_error: ``"raise"`` (a failed write stops training with its error) or ``"warn"`` (warn and
             go on training; :attr:`failed_writes` counts them).
         name: the callback's name.

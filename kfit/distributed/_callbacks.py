@@ -107,16 +107,18 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 
 class AgreedStopCallback(keras.callbacks.Callback):
-    """Makes a stop that any worker decides stop every worker after the same step (plain ``model.fit``).
+    """Makes a stop that any worker decides, or a SIGTERM that reached any worker, stop every worker after the same
+    step (plain ``model.fit``).
 
     Under ``model.fit`` on several workers a stop decided on one worker only (a callback setting
     ``model.stop_training``: Keras's ``TerminateOnNaN``, its ``EarlyStopping`` on the worker's own metric, your own
     callback) ends that worker's ``model.fit`` alone, and the others fail in their next gradient allreduce. Put this
     callback last in ``model.fit``'s list: after every step and at every epoch end, the workers agree (one allreduce
-    of one integer) and every worker stops if any worker's ``model.stop_training`` is set. That allreduce costs time
-    at every step (measured on loopback with one thread per worker: about 1.5 ms under Horovod, 0.2 ms under the
-    native engine). :func:`kfit.fit` agrees on every stop by itself; a SIGTERM under
-    ``kfit.callbacks.Checkpoint(save_on_preemption=True)`` is agreed under :func:`kfit.fit` only.
+    of two integers) and every worker stops if any worker's ``model.stop_training`` is set. The same allreduce agrees
+    on a SIGTERM caught by ``kfit.callbacks.Checkpoint(save_on_preemption=True)`` on any worker, as :func:`kfit.fit`
+    does: rank 0 saves that step, and every worker ends as SIGTERM would. That allreduce costs time at every step
+    (measured on loopback with one thread per worker: about 1.5 ms under Horovod, 0.2 ms under the native engine).
+    :func:`kfit.fit` agrees on every stop by itself.
 
     Example:
         >>> import kfit.distributed as hvd
@@ -124,16 +126,36 @@ class AgreedStopCallback(keras.callbacks.Callback):
         >>> # model.fit(x, y, callbacks=callbacks, ...)
     """
 
-    def _agree(self, epoch: int | None = None, logs: dict | None = None) -> None:
-        from kfit import distributed
+    order = 2000  # under kfit.fit (data-parallel): after every callback that may stop training
+    _run = None
 
-        self.model.stop_training = distributed.any_true(bool(self.model.stop_training))
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._run = current_run(self.model) if size() > 1 else None
+        if self._run is not None:  # the run's checkpoints leave a SIGTERM and a stop to this agreement
+            self._run.agreed_stops = True
+
+    def _agree(self, epoch: int | None = None, logs: dict | None = None) -> None:
+        from kfit.distributed import _state
+
+        callbacks = self._run.callbacks if self._run is not None else []
+        preemptible = [c for c in callbacks if hasattr(c, "_preemption_agreed")]
+        requested = any(c._preemption_requested() for c in preemptible)
+        stops, preempted = _state.count_true([bool(self.model.stop_training), requested])
+        self.model.stop_training = stops > 0
+        if preempted:  # every worker's checkpoint saves (rank 0 writes) and ends as SIGTERM would
+            for callback in preemptible:
+                callback._preemption_agreed(preempted, epoch, logs)
+        elif stops and epoch is None:  # a checkpoint saves the step where every worker stops (Checkpoint._stop_agreed)
+            for callback in callbacks:
+                if hasattr(callback, "_stop_agreed"):
+                    callback._stop_agreed()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self._agree()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        # A stop decided as an epoch ends (a callback's on_epoch_end), which Keras reads before the next epoch.
+        # A stop decided as an epoch ends (a callback's on_epoch_end, a cross-validation at "1ep"), which Keras reads
+        # before the next epoch's first step; a SIGTERM that came during the epoch's end (validation).
         self._agree(epoch, logs)
 
 

@@ -21,6 +21,8 @@ def count_true(flags: list[bool]) -> list[int]:
     """On how many workers each of ``flags`` is True (the same list on every worker): one allreduce of
     ``len(flags)`` integers, whatever their number."""
     engine = _select.current()
+    if engine is None:  # one worker
+        return [1 if flag else 0 for flag in flags]
     engine.before_host_collective()
     (total,) = engine.host_sum([np.array([1 if flag else 0 for flag in flags], dtype=np.int32)], "kfit.any_true")
     return [int(count) for count in total]

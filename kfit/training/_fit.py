@@ -525,36 +525,6 @@ class _StopAtSamples(_CountStep):
             self.model.stop_training = self.run.stopped_at_bound = True
 
 
-class _AgreedStop(AgreedStopCallback):
-    """Data-parallel runs: a stop decided on any worker ends training on every worker after the same
-    step (none is left waiting in an allreduce alone), and so does a preemption (SIGTERM) that reached any
-    worker: the same allreduce carries both, after every step and at every epoch end.
-
-    A preemption agreed on is carried out by the run's callbacks that save on preemption (``Checkpoint(
-    save_on_preemption=True)``: rank 0 writes the state, then every worker ends as SIGTERM would); a stop agreed on
-    inside an epoch is saved by the run's checkpoints, with every worker's training metrics (``_stop_agreed``)."""
-
-    order = 2000  # after every callback that may stop training
-
-    def __init__(self, callbacks: list):
-        super().__init__()
-        self._preemptible = [c for c in callbacks if hasattr(c, "_preemption_agreed")]
-        self._stoppable = [c for c in callbacks if hasattr(c, "_stop_agreed")]
-
-    def _agree(self, epoch: int | None = None, logs: dict | None = None) -> None:
-        from kfit.distributed import _state
-
-        requested = any(c._preemption_requested() for c in self._preemptible)
-        stops, preempted = _state.count_true([bool(self.model.stop_training), requested])
-        self.model.stop_training = stops > 0
-        if preempted:
-            for callback in self._preemptible:
-                callback._preemption_agreed(preempted, epoch, logs)
-        elif stops and epoch is None:  # a checkpoint saves the step where every worker stops (Checkpoint._stop_agreed)
-            for callback in self._stoppable:
-                callback._stop_agreed()
-
-
 class _AverageMetrics(keras.callbacks.Callback):
     order = -1000  # first at the epoch end: every other callback sees the averaged logs
 
@@ -836,7 +806,7 @@ class _StreamFit:
             if self.source is not None and self.max_samples is not None:
                 extra.append(_StopAtSamples(self.run))
             if self.distributed:
-                extra += [_AgreedStop(self.callbacks), _AverageMetrics()]
+                extra += [AgreedStopCallback(), _AverageMetrics()]
                 self.run.agreed_stops = self.run.logs_averaged = True
             callbacks = ordered_callbacks(self.callbacks + extra) + [self.history]
             users_bar = any(isinstance(c, keras.callbacks.ProgbarLogger) for c in self.callbacks)

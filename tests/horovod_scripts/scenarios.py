@@ -315,8 +315,12 @@ def raise_preempted(signum, frame):
 
 
 class SigtermOnRankOne(keras.callbacks.Callback):
+    def __init__(self, at: int = common.PREEMPT["at"]):
+        super().__init__()
+        self.at = at
+
     def on_train_batch_end(self, batch, logs=None):
-        if RANK == 1 and kfit.get_clock(self.model).samples == common.PREEMPT["at"]:
+        if RANK == 1 and kfit.get_clock(self.model).samples == self.at:
             os.kill(os.getpid(), signal.SIGTERM)  # one node of a multi-node job preempted
 
 
@@ -330,14 +334,33 @@ def run_preempt(path: str, callbacks: list) -> tuple[keras.Model, dict]:
     return net, common.history(h)
 
 
-def scenario_preempt() -> None:
-    path = os.path.join(OUT, "preempt", "model.ckpt")
+def run_preempt_model_fit(path: str, callbacks: list) -> tuple[keras.Model, kfit.callbacks.Checkpoint]:
+    """Plain model.fit on each worker's half of the data, with a SampleClock and AgreedStopCallback last."""
+    p = common.PREEMPT
+    x, y = common.data(p["num_samples"], seed=12)
+    per = p["num_samples"] // SIZE
+    net = common.model(init_seed=7)
+    net.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=0.01)), loss="mse")
+    checkpoint = kfit.callbacks.Checkpoint(path, epochs=1, save_on_preemption=True, async_write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # plain model.fit's resume note
+        net.fit(x[RANK * per : (RANK + 1) * per], y[RANK * per : (RANK + 1) * per], batch_size=p["minibatch_size"] // SIZE,
+                epochs=p["epochs"], shuffle=False, verbose=0, callbacks=[
+                    hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                    kfit.callbacks.SampleClock(batch_size=p["minibatch_size"] // SIZE, num_samples=per), checkpoint,
+                    *callbacks, hvd.AgreedStopCallback()])  # (after the checkpoint, which has counted the step)
+    return net, checkpoint
+
+
+def preempted(run, path: str) -> dict:
+    """Runs ``run()`` (SIGTERM reaching rank 1 in it): whether this worker ended as SIGTERM would, what it printed,
+    and on rank 0 the file it wrote."""
     info: dict = {"preempted": False}
     printed = io.StringIO()
     previous = signal.signal(signal.SIGTERM, raise_preempted)
     try:
         with contextlib.redirect_stderr(printed):
-            run_preempt(path, [SigtermOnRankOne()])
+            run()
     except Preempted:
         info["preempted"] = True
     finally:
@@ -346,6 +369,20 @@ def scenario_preempt() -> None:
     if RANK == 0:  # the file rank 0 wrote, before anything else touches it
         saved = kfit.checkpoint.read_checkpoint_info(path)
         info["saved"] = {"samples": saved.samples, "status": saved.status}
+    return info
+
+
+def scenario_preempt() -> None:
+    path = os.path.join(OUT, "preempt", "model.ckpt")
+    info = preempted(lambda: run_preempt(path, [SigtermOnRankOne()]), path)
+    # The same under plain model.fit (each worker's clock counts its own samples: 30 an epoch), SIGTERM on rank 1
+    # after the step ending at its sample 40, in the second epoch; then the run resumed from the file.
+    model_fit_path = os.path.join(OUT, "preempt_model_fit", "model.ckpt")
+    info["model_fit"] = preempted(lambda: run_preempt_model_fit(model_fit_path, [SigtermOnRankOne(at=40)]), model_fit_path)
+    net, checkpoint = run_preempt_model_fit(model_fit_path, [])
+    info["model_fit"]["resumed"] = {"from": checkpoint.restored_from.samples, "samples": kfit.get_clock(net).samples,
+                                    "epochs": list(net.history.epoch),
+                                    "weights": [w.tolist() for w in common.weights(net)]}
     resumed, resumed_history = run_preempt(path, [])
     fresh, fresh_history = run_preempt(os.path.join(OUT, "preempt_fresh", "model.ckpt"), [])
     info["history"] = {"resumed": resumed_history, "fresh": fresh_history}  # the preempted epoch's training metrics
