@@ -137,9 +137,10 @@ def any_true(flag: bool) -> bool:
     """True on every worker when ``flag`` is True on any worker.
 
     One allreduce of one integer over the engine (every worker must call it); ``bool(flag)`` for one worker.
-    ``kfit.fit`` calls it after every step and at every epoch end with ``model.stop_training``, so that a stop
-    decided on one worker (cross-validation, early stopping, a user's callback) ends training on all of them after
-    the same step, and no worker is left waiting in an allreduce alone.
+    Data-parallel ``kfit.fit`` (and plain ``model.fit`` with :class:`AgreedStopCallback` last) agrees likewise after
+    every step and at every epoch end on ``model.stop_training``, so that a stop decided on one worker
+    (cross-validation, early stopping, a user's callback) ends training on all of them after the same step, and no
+    worker is left waiting in an allreduce alone.
 
     Example:
         >>> import kfit
