@@ -323,6 +323,40 @@ def test_sigterm_on_one_worker_under_model_fit_is_agreed_by_agreed_stop_callback
 
 
 @pytest.mark.horovod
+def test_a_stop_rank_one_alone_decides_mid_epoch_under_model_fit_is_saved_and_the_rerun_stays_stopped(jobs):
+    # Plain model.fit with a SampleClock, Checkpoint(epochs=1) and AgreedStopCallback last; rank 1's own callback stops
+    # after the step ending at its sample 40 (the second epoch's second step). Both workers stop after that step, and
+    # rank 0 saves it as a stopped run inside its epoch (Checkpoint._stop_agreed; without that call the file was the
+    # epoch end's save, and the continued run below had the partial epoch twice in its History: [0, 1, 1, 2]).
+    (_, i0), (_, i1) = _results(jobs, "preempt")
+    s0, s1 = i0["stop_model_fit"], i1["stop_model_fit"]
+    path = str(jobs["out"] / "stop_model_fit" / "model.ckpt")
+    for s in (s0, s1):
+        assert {k: s["stopped"][k] for k in ("samples", "epochs", "steps")} == {"samples": 40, "epochs": [0, 1], "steps": 8}
+    assert s0["stopped"]["weights"] == s1["stopped"]["weights"]
+    assert s0["saved"] == {"samples": 40, "status": "stopped", "reason": "stopped by a callback (model.stop_training = True)"}
+    # The rerun trains nothing, says so on rank 0, and holds the final state, its clock at sample 40 too (it read 30,
+    # the epoch's start where model.fit would have restarted that epoch).
+    for s in (s0, s1):
+        assert {k: s["rerun"][k] for k in ("from", "samples", "steps")} == {"from": 40, "samples": 40, "steps": 8}
+        assert s["rerun"]["weights"] == s0["stopped"]["weights"]
+    assert s0["rerun"]["stderr"] == (
+        f"kfit: run already complete at sample 40 (stopped by a callback (model.stop_training = True)); nothing to "
+        f"train. Restored its final state from {path}. Pass restore=False or delete {path} to start over, or pass "
+        "Checkpoint(..., resume_finished=True) to continue it.\n")
+    assert s1["rerun"]["stderr"] == s1["resume_finished"]["stderr"] == ""
+    # resume_finished=True goes on to the end on both workers, restarting the stopped epoch as model.fit does
+    # (2 steps of it trained again: 20 steps in all).
+    assert s0["resume_finished"]["stderr"].startswith(f"kfit: resumed from {path} at sample 40 (epoch 2, 10 samples in; ")
+    assert s0["resume_finished"]["stderr"].endswith(
+        "; it had stopped by a callback (model.stop_training = True): going on (resume_finished=True)\n")
+    for s in (s0, s1):
+        assert {k: s["resume_finished"][k] for k in ("from", "samples", "epochs", "steps")} == {
+            "from": 40, "samples": 90, "epochs": [0, 1, 2], "steps": 20}
+    assert s0["resume_finished"]["weights"] == s1["resume_finished"]["weights"]
+
+
+@pytest.mark.horovod
 def test_horovods_allreduce_allgather_and_broadcast_work_on_values_on_every_worker(jobs):
     infos = [info for _, info in _results(jobs, "collectives")]
     assert infos[0] == infos[1]

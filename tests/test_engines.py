@@ -375,6 +375,11 @@ def test_sigterm_on_one_worker_under_model_fit_is_agreed_by_agreed_stop_callback
 
 
 @native_only
+def test_a_stop_rank_one_alone_decides_mid_epoch_under_model_fit_is_saved_and_the_rerun_stays_stopped(jobs):
+    horovod_checks.test_a_stop_rank_one_alone_decides_mid_epoch_under_model_fit_is_saved_and_the_rerun_stays_stopped(jobs)
+
+
+@native_only
 def test_horovods_allreduce_allgather_and_broadcast_work_on_values_on_every_worker(jobs):
     horovod_checks.test_horovods_allreduce_allgather_and_broadcast_work_on_values_on_every_worker(jobs)
 

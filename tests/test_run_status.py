@@ -184,6 +184,34 @@ def test_model_fit_rerun_of_a_complete_run_trains_nothing(tmp_path, capsys):
     assert_same_weights(first, again)
 
 
+def test_model_fit_rerun_of_a_run_stopped_inside_an_epoch_keeps_the_clock_where_it_stopped(tmp_path, capsys):
+    """Plain model.fit with a SampleClock, stopped by a callback at step 6 (32 samples into the second epoch): the
+    rerun trains nothing and restores the final state, clock included; its clock read 64 (the epoch's start, where
+    model.fit would have restarted the epoch), not the 96 samples the run had trained and the file holds."""
+    path = str(tmp_path / "run.ckpt")
+
+    def run(*callbacks):
+        model = make_model()
+        counter = StepCounter()
+        with pytest.warns(UserWarning) if (tmp_path / "run.ckpt").exists() else _nothing():
+            model.fit(X, Y, batch_size=16, epochs=3, verbose=0, shuffle=False, callbacks=[
+                kfit.callbacks.SampleClock(batch_size=16, num_samples=64), *callbacks, counter,
+                kfit.callbacks.Checkpoint(path, epochs=1, async_write=False)])
+        return model, counter
+
+    stopped, _ = run(StopAtStep(6))
+    assert kfit.get_clock(stopped).samples == 96
+    info = read_checkpoint_info(path)
+    assert (info.samples, info.status) == (96, "stopped")
+    capsys.readouterr()
+    again, counter = run()
+    assert counter.steps == 0
+    assert "kfit: run already complete at sample 96 (stopped by a callback" in capsys.readouterr().err
+    assert_same_weights(stopped, again)
+    clock = kfit.get_clock(again)
+    assert (clock.samples, clock.minibatches) == (96, 6)
+
+
 class _nothing:
     def __enter__(self):
         return self

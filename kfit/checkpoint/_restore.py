@@ -97,6 +97,7 @@ def resume(run: Run, path: str, resume_finished: bool = False, params: dict | No
             f"{mismatch} To start over instead of resuming: pass restore=False to Checkpoint, or delete "
             f"{file!r} and the other checkpoints of {path!r}."
         ) from None
+    saved_clock = dict(plan.clock_state) if plan.clock_state is not None else None  # (before the loop moves it)
     start_epoch = loop.prepare_restore(run, plan)
     if start_epoch is not None:
         start_at_epoch(run, start_epoch)
@@ -111,6 +112,8 @@ def resume(run: Run, path: str, resume_finished: bool = False, params: dict | No
     restored_epoch = start_epoch if start_epoch is not None else info.epoch
     finished = _run_status.resume_or_finish(run, info, restored_epoch, resume_finished, params)
     if finished:
+        if saved_clock is not None and clock is not None:  # the final state: the clock where the run ended, not at
+            clock.set_state(saved_clock)  # the epoch start where model.fit would have restarted that epoch
         start_epoch = loop.finished_epoch(run, params, restored_epoch)
         if start_epoch is not None:
             start_at_epoch(run, start_epoch)

@@ -334,14 +334,24 @@ def run_preempt(path: str, callbacks: list) -> tuple[keras.Model, dict]:
     return net, common.history(h)
 
 
-def run_preempt_model_fit(path: str, callbacks: list) -> tuple[keras.Model, kfit.callbacks.Checkpoint]:
+class StopOnRankOne(keras.callbacks.Callback):
+    def __init__(self, at: int):
+        super().__init__()
+        self.at = at
+
+    def on_train_batch_end(self, batch, logs=None):
+        if RANK == 1 and kfit.get_clock(self.model).samples == self.at:
+            self.model.stop_training = True  # a user's callback on one worker only
+
+
+def run_preempt_model_fit(path: str, callbacks: list, **checkpoint_args) -> tuple[keras.Model, kfit.callbacks.Checkpoint]:
     """Plain model.fit on each worker's half of the data, with a SampleClock and AgreedStopCallback last."""
     p = common.PREEMPT
     x, y = common.data(p["num_samples"], seed=12)
     per = p["num_samples"] // SIZE
     net = common.model(init_seed=7)
     net.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=0.01)), loss="mse")
-    checkpoint = kfit.callbacks.Checkpoint(path, epochs=1, save_on_preemption=True, async_write=False)
+    checkpoint = kfit.callbacks.Checkpoint(path, epochs=1, save_on_preemption=True, async_write=False, **checkpoint_args)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # plain model.fit's resume note
         net.fit(x[RANK * per : (RANK + 1) * per], y[RANK * per : (RANK + 1) * per], batch_size=p["minibatch_size"] // SIZE,
@@ -372,6 +382,24 @@ def preempted(run, path: str) -> dict:
     return info
 
 
+def stop_model_fit(path: str) -> dict:
+    def ran(net: keras.Model, checkpoint: kfit.callbacks.Checkpoint) -> dict:
+        return {"from": getattr(checkpoint.restored_from, "samples", None), "samples": kfit.get_clock(net).samples,
+                "epochs": list(net.history.epoch), "steps": int(_backend.read_variable(net, net.optimizer.iterations)),
+                "weights": [w.tolist() for w in common.weights(net)]}
+
+    info = {"stopped": ran(*run_preempt_model_fit(path, [StopOnRankOne(at=40)]))}
+    if RANK == 0:  # the file rank 0 wrote
+        saved = kfit.checkpoint.read_checkpoint_info(path)
+        info["saved"] = {"samples": saved.samples, "status": saved.status, "reason": saved.status_reason}
+    for name, args in {"rerun": {}, "resume_finished": {"resume_finished": True}}.items():
+        printed = io.StringIO()
+        with contextlib.redirect_stderr(printed):
+            info[name] = ran(*run_preempt_model_fit(path, [], **args))
+        info[name]["stderr"] = printed.getvalue()
+    return info
+
+
 def scenario_preempt() -> None:
     path = os.path.join(OUT, "preempt", "model.ckpt")
     info = preempted(lambda: run_preempt(path, [SigtermOnRankOne()]), path)
@@ -383,6 +411,9 @@ def scenario_preempt() -> None:
     info["model_fit"]["resumed"] = {"from": checkpoint.restored_from.samples, "samples": kfit.get_clock(net).samples,
                                     "epochs": list(net.history.epoch),
                                     "weights": [w.tolist() for w in common.weights(net)]}
+    # A stop rank 1 alone decides (its own callback) after the step ending at its sample 40, mid-epoch: every worker
+    # stops after that step and rank 0 saves it; the rerun trains nothing (a stopped run), resume_finished=True goes on.
+    info["stop_model_fit"] = stop_model_fit(os.path.join(OUT, "stop_model_fit", "model.ckpt"))
     resumed, resumed_history = run_preempt(path, [])
     fresh, fresh_history = run_preempt(os.path.join(OUT, "preempt_fresh", "model.ckpt"), [])
     info["history"] = {"resumed": resumed_history, "fresh": fresh_history}  # the preempted epoch's training metrics
