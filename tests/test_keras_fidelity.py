@@ -1009,6 +1009,98 @@ def test_a_callback_that_changes_a_pydataset_as_each_epoch_begins_trains_as_in_m
     np.testing.assert_allclose(resumed_history.history["loss"], expected_history.history["loss"], rtol=1e-6)
 
 
+class SlowDataset(keras.utils.PyDataset):
+    """Batches of 8 rows, each fetched in 5 ms (an image decoded, a file read); notes how many fetches overlap, across
+    threads and worker processes (shared counters), and raises in ``__getitem__`` at ``fail_at``."""
+
+    def __init__(self, x, y, fail_at=None, **kwargs):
+        super().__init__(**kwargs)
+        import multiprocessing
+
+        self.x, self.y, self.fail_at = x, y, fail_at
+        self.in_flight, self.most = multiprocessing.Value("i", 0), multiprocessing.Value("i", 0)
+
+    def __len__(self):
+        return len(self.x) // 8
+
+    def __getitem__(self, index):
+        with self.in_flight.get_lock():
+            self.in_flight.value += 1
+            self.most.value = max(self.most.value, self.in_flight.value)
+        time.sleep(0.005)
+        with self.in_flight.get_lock():
+            self.in_flight.value -= 1
+        if index == self.fail_at:
+            raise ValueError(f"cannot decode image {index}")
+        return self.x[index * 8:(index + 1) * 8], self.y[index * 8:(index + 1) * 8]
+
+
+def _helpers_left():
+    """The threads of pools (multiprocessing's) and kfit's readers, and the child processes, alive now."""
+    import multiprocessing
+    import threading
+
+    names = [t.name for t in threading.enumerate()]
+    return [n for n in names if "(worker)" in n or "(_handle" in n or n.startswith("kfit")], \
+        multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("use_multiprocessing", [False, True], ids=["threads", "processes"])
+def test_a_pydatasets_workers_fetch_its_items_concurrently_in_kfits_loop_and_train_as_one_worker(
+        use_multiprocessing, tmp_path):
+    """kfit's loop read a PyDataset's items one at a time, its ``workers`` and ``use_multiprocessing`` unused: a
+    dataset that loads its batches in parallel under model.fit became input-bound once a kfit feature (``seed=``) was
+    added. Now kfit fetches the items it reads next on ``workers`` threads (processes with ``use_multiprocessing``),
+    in its own order: fetches overlap, the History and weights are one worker's and model.fit's (model.fit with one
+    worker: Keras's own enqueuer trains the first epoch's first batch last), a run resumed mid-epoch ends as the
+    uninterrupted one, and no thread or process is left after fit."""
+    x, y = regression_data(64)
+    before = _helpers_left()
+
+    def train(loop, workers, **extra):
+        keras.utils.set_random_seed(4)
+        model = compiled(mlp())
+        dataset = SlowDataset(x, y, workers=workers, use_multiprocessing=use_multiprocessing and workers > 1)
+        fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+        history = fit(dataset, epochs=3, verbose=0, **extra)
+        assert (dataset.most.value > 1) == (workers > 1)  # fetches overlapped only with several workers
+        return model, history.history
+
+    expected, expected_history = train("model.fit", 1, shuffle=False)
+    for workers in (1, 3):
+        looped, history = train("kfit.fit", workers, shuffle=False)
+        assert_same_weights(expected, looped)
+        np.testing.assert_allclose(history["loss"], expected_history["loss"], rtol=1e-6)
+    # kfit's own shuffle, minibatches cut across the dataset's batches, a checkpoint mid-epoch
+    one, one_history = train("kfit.fit", 1, minibatch_size=12)
+    path = tmp_path / "run.ckpt"
+    train("kfit.fit", 3, minibatch_size=12, max_samples=64 + 36, callbacks=[kfit.callbacks.Checkpoint(path)])
+    resumed, resumed_history = train("kfit.fit", 3, minibatch_size=12, callbacks=[kfit.callbacks.Checkpoint(path)])
+    assert_same_weights(one, resumed)
+    np.testing.assert_allclose(resumed_history["loss"], one_history["loss"], rtol=1e-6)
+    assert _helpers_left() == before
+
+
+@pytest.mark.parametrize("use_multiprocessing", [False, True], ids=["threads", "processes"])
+def test_an_error_in_a_pydatasets_getitem_on_its_workers_surfaces_from_kfit_fit(use_multiprocessing):
+    """An exception raised in ``__getitem__`` on a worker thread or process reaches the caller of kfit.fit with its
+    message, as the one model.fit raises (on TensorFlow both wrap it in tf.data's error), and the workers are ended."""
+    x, y = regression_data(64)
+
+    def train(loop):
+        model = compiled(mlp())
+        dataset = SlowDataset(x, y, fail_at=5, workers=3, use_multiprocessing=use_multiprocessing)
+        fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+        with pytest.raises(Exception, match="cannot decode image 5") as raised:
+            fit(dataset, epochs=2, verbose=0)
+        return type(raised.value)
+
+    expected = train("model.fit")
+    before = _helpers_left()
+    assert train("kfit.fit") is expected
+    assert _helpers_left() == before
+
+
 def test_a_callback_that_changes_a_generator_as_each_epoch_begins_trains_as_in_model_fit(tmp_path):
     """A curriculum over a generator read on across epochs (``steps_per_epoch``): a callback sets the scale of the
     rows the generator yields as each epoch begins. kfit read each epoch's first batch ahead, before the callback had

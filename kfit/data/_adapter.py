@@ -142,6 +142,8 @@ class StreamAdapter(_backend.DataAdapter):
             self._source.epoch_begins()
         self._epoch_open = True
         self._new_plan()
+        if self._source is not None:
+            self._source.read_ahead(self._plan)
         _backend.declare_epoch_steps(len(self._plan))
         if self._ahead is None:
             self._check_keras_dataset()
@@ -387,6 +389,8 @@ class StreamAdapter(_backend.DataAdapter):
         for prefetcher in self._prefetchers:
             prefetcher.close()
         self._prefetchers = []
+        if self._source is not None:
+            self._source.stop_reading_ahead()
         if not keep_reader:
             if self._reader is not None:
                 self._reader.close()

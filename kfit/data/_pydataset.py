@@ -13,6 +13,10 @@ its own seeded random state) serves the same batches, and a resumed run replays 
 ``kfit.fit`` ends each sweep when Keras ends the epoch that ends it (after its last step, before validation, as
 ``model.fit`` does) and reads no sweep ahead of the epoch that reads it, so a callback that changes the dataset in
 its ``on_epoch_begin`` (a curriculum) changes the batches of that epoch.
+
+A dataset's ``workers`` and ``use_multiprocessing`` work as under ``model.fit``: told each epoch's plan
+(:meth:`PyDatasetStream.read_ahead`), the stream fetches the items it reads next on a pool of threads or processes,
+at most ``max_queue_size`` ahead, within the epoch (:mod:`kfit.data._items_ahead`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from kfit.data._items_ahead import ItemsAhead
 from kfit.data._stream import check_global_minibatch, flatten, pack, read_share
 
 
@@ -74,6 +79,7 @@ class PyDatasetStream:
         self.has_h5py = False
         self._sweep_cache: tuple[int, np.ndarray, np.ndarray] | None = None
         self._batch_cache: dict[int, list] = {}
+        self._items = ItemsAhead(dataset)
         self._passes = 0  # the sweeps the dataset was told of (its on_epoch_end and on_epoch_begin called)
         self._ended = False  # the last sweep told of has ended (its on_epoch_end called)
         #: Whether reads tell the dataset of their sweep. ``kfit.fit`` turns it off until its first epoch begins: what
@@ -97,11 +103,11 @@ class PyDatasetStream:
             self._sweep_cache = (sweep, order, starts)
         return self._sweep_cache[1], self._sweep_cache[2]
 
-    def _batch(self, index: int) -> list:
+    def _batch(self, sweep: int, index: int) -> list:
         if index not in self._batch_cache:
             if len(self._batch_cache) > 4:
                 self._batch_cache.clear()
-            triple = _as_triple(self.dataset[int(index)])
+            triple = _as_triple(self._items.get(sweep, index))
             self._batch_cache[index] = [None if leaf is None else np.asarray(leaf) for leaf in flatten(triple)]
         return self._batch_cache[index]
 
@@ -114,6 +120,7 @@ class PyDatasetStream:
             self._passes += 1
             self._ended = False
             self._batch_cache.clear()  # the dataset may serve other rows now
+            self._items.dataset_changed()
 
     def end_sweep(self, position: int) -> None:
         """Calls the dataset's ``on_epoch_end`` now if the global stream ``position`` ends the sweep last begun (an
@@ -128,21 +135,46 @@ class PyDatasetStream:
         the dataset of their sweep from now on, and the batches kept from earlier reads are read again."""
         self.telling = True
         self._batch_cache.clear()
+        self._items.dataset_changed()
 
-    def _rows(self, lo: int, hi: int) -> list:
-        pieces: list[list] = []
+    def read_ahead(self, plan: list[tuple[int, int]]) -> None:
+        """The ``(start, size)`` global minibatches of the epoch beginning now: with the dataset's ``workers`` (or
+        ``use_multiprocessing``), the items they read are fetched ahead, concurrently, in order, as model.fit does."""
+        if self._items.parallel:
+            self._items.expect(self._keys(plan))
+
+    def stop_reading_ahead(self) -> None:
+        """Drops what was fetched ahead and ends the threads or processes fetching it."""
+        self._items.close()
+
+    def _keys(self, plan: list[tuple[int, int]]):
+        """The ``(sweep, index)`` of each batch that reading ``plan`` reads, in order, each where it is first read."""
+        last = None
+        for start, size in plan:
+            for sweep, index, _row, _take in self._pieces(*read_share(start, size, self.rank, self.num_workers)):
+                if (sweep, index) != last:
+                    last = (sweep, index)
+                    yield last
+
+    def _pieces(self, lo: int, hi: int):
+        """``(sweep, batch index, first row, rows)`` of each batch piece that stream positions ``[lo, hi)`` hold."""
         position = lo
         while position < hi:
             sweep, offset = divmod(position, self.num_samples)
-            if self.telling:
-                self._begin_sweep(sweep)
             order, starts = self._sweep(sweep)
             k = int(np.searchsorted(starts, offset, side="right") - 1)
-            batch = self._batch(int(order[k]))
             row = offset - int(starts[k])
             take = min(hi - position, int(self.sizes[order[k]]) - row)
-            pieces.append([None if leaf is None else leaf[row : row + take] for leaf in batch])
+            yield sweep, int(order[k]), row, take
             position += take
+
+    def _rows(self, lo: int, hi: int) -> list:
+        pieces: list[list] = []
+        for sweep, index, row, take in self._pieces(lo, hi):
+            if self.telling:
+                self._begin_sweep(sweep)
+            batch = self._batch(sweep, index)
+            pieces.append([None if leaf is None else leaf[row : row + take] for leaf in batch])
         return [None if parts[0] is None else np.concatenate(parts) for parts in zip(*pieces)]
 
     def check_minibatch_size(self, size: int) -> None:

@@ -1,0 +1,117 @@
+"""Fetches a ``keras.utils.PyDataset``'s items ahead, concurrently, as ``model.fit`` does with its ``workers``.
+
+Under ``model.fit``, Keras's ``OrderedEnqueuer`` fetches the items of a PyDataset with ``workers > 1`` (or
+``use_multiprocessing`` and ``workers > 0``) on a pool of that many threads (processes with
+``use_multiprocessing``), at most ``max_queue_size`` ahead, in the order it uses them, and makes its pool again for
+each epoch. kfit's stream reads items in its own order (its seeded shuffle, minibatches of any size): it tells
+:class:`ItemsAhead` the items an epoch will read, in order, and this fetches them on the same kind of pool, at most
+``max_queue_size`` ahead, never one of a sweep the dataset has not been told of yet (its ``on_epoch_begin`` may
+change what it serves). The pool is made again each time the dataset may have changed (a sweep told, an epoch
+begun), so worker processes see the dataset as it is then; nothing is fetched past the epoch's plan.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import multiprocessing.pool
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+_DATASET: Any = None  # a worker process's PyDataset
+
+
+def _init_worker(dataset: Any) -> None:
+    global _DATASET
+    _DATASET = dataset
+    # The handlers of the training process (a Checkpoint's, which lets SIGTERM save the run) are not a worker's: the
+    # pool ends its workers with SIGTERM, and Ctrl-C is the training process's to handle.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _item(index: int) -> Any:
+    return _DATASET[index]
+
+
+class ItemsAhead:
+    """Fetches ``dataset[index]`` for each ``(sweep, index)`` an epoch will read, ahead of :meth:`get`.
+
+    Args:
+        dataset: the PyDataset; its ``workers``, ``use_multiprocessing`` and ``max_queue_size`` say how, as in
+            ``model.fit``. With neither more than one worker nor ``use_multiprocessing``, every item is read when asked.
+    """
+
+    def __init__(self, dataset: Any):
+        workers = int(getattr(dataset, "workers", 1) or 0)
+        self._processes = bool(getattr(dataset, "use_multiprocessing", False))
+        #: Whether items are fetched ahead (Keras's PyDatasetAdapter's test for starting its enqueuer).
+        self.parallel = workers > 1 or (workers > 0 and self._processes)
+        self._workers = max(workers, 1)
+        self._depth = max(int(getattr(dataset, "max_queue_size", 10) or 1), 1)
+        self._dataset = dataset
+        self._pool: multiprocessing.pool.Pool | None = None
+        self._pending: collections.deque = collections.deque()  # ((sweep, index), AsyncResult), in reading order
+        self._keys: Iterator[tuple[int, int]] | None = None
+        self._next: tuple[int, int] | None = None
+        self._lock = threading.RLock()  # the reader thread reads; the trainer's thread closes
+
+    def expect(self, keys: Iterator[tuple[int, int]]) -> None:
+        """The ``(sweep, index)`` items the epoch beginning now reads, in order (each once, where it is first read)."""
+        with self._lock:
+            self.close()
+            if self.parallel:
+                self._keys = keys
+                self._next = next(keys, None)
+
+    def dataset_changed(self) -> None:
+        """The dataset was told of a sweep, or may have been changed: what is fetched from now on, a new pool fetches."""
+        self._drop_pool()
+
+    def get(self, sweep: int, index: int) -> Any:
+        """``dataset[index]``, read while sweep ``sweep`` is told: fetched ahead if expected, else read now."""
+        with self._lock:
+            if self._keys is None:
+                return self._dataset[index]
+            self._fill(sweep)
+            if not self._pending or self._pending[0][0] != (sweep, index):
+                self.close()  # a read the epoch's plan did not foresee: the rest of it is read as asked
+                return self._dataset[index]
+            pool, result = self._pool, self._pending.popleft()[1]
+        while not result.ready():
+            if self._pool is not pool:  # closed meanwhile (by the trainer's thread): its result never comes
+                return self._dataset[index]
+            result.wait(0.05)
+        return result.get()  # raises what __getitem__ raised, as model.fit's enqueuer does
+
+    def _fill(self, sweep: int) -> None:
+        while self._next is not None and self._next[0] <= sweep and len(self._pending) < self._depth:
+            if self._pool is None:
+                self._pool = self._new_pool()
+            if self._processes:
+                result = self._pool.apply_async(_item, (self._next[1],))
+            else:
+                result = self._pool.apply_async(self._dataset.__getitem__, (self._next[1],))
+            self._pending.append((self._next, result))
+            self._next = next(self._keys, None)
+
+    def _new_pool(self) -> multiprocessing.pool.Pool:
+        if self._processes:  # as Keras's OrderedEnqueuer: the default context, the dataset handed to each process
+            return multiprocessing.Pool(self._workers, initializer=_init_worker, initargs=(self._dataset,))
+        return multiprocessing.pool.ThreadPool(self._workers)
+
+    def _drop_pool(self) -> None:
+        with self._lock:
+            self._pending.clear()
+            pool, self._pool = self._pool, None
+            if pool is not None:
+                pool.terminate()
+                pool.join()
+
+    def close(self) -> None:
+        """Stops fetching ahead and ends the pool's threads or processes."""
+        with self._lock:
+            self._keys, self._next = None, None
+            self._drop_pool()
