@@ -169,6 +169,52 @@ def test_pydataset_stream_sweeps_cover_every_sample_and_seek():
     np.testing.assert_array_equal(np.concatenate(parts), whole[4:13])
 
 
+class TellingBatches(Batches):
+    """Batches whose targets are the number of sweeps the dataset was told of (its ``on_epoch_begin`` calls) when the
+    item was fetched; notes the items fetched."""
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        keras = __import__("keras")
+        keras.utils.PyDataset.__init__(self, **kwargs)
+        self.told, self.fetched = 0, []
+
+    def __getitem__(self, i):
+        self.fetched.append(i)
+        x, _ = super().__getitem__(i)
+        return x, np.full(len(x), self.told)
+
+    def on_epoch_begin(self):
+        self.told += 1
+
+
+def test_a_pydatasets_workers_fetch_what_the_plan_reads_and_nothing_of_a_sweep_before_it_is_told():
+    """With ``workers``, the stream fetches the items an epoch's plan reads ahead on a pool: the rows are one worker's
+    (minibatches spanning batches and sweeps, each of two ranks' shares), no item of a sweep is fetched before the
+    dataset is told of it (its targets say how many sweeps it had been told of), and nothing past the plan."""
+    from kfit.data import PyDatasetStream
+
+    plan, start = [], 0
+    for size in [3, 5, 9, 4, 13, 6, 11, 9]:  # 60 samples: two sweeps of 30
+        plan.append((start, size))
+        start += size
+    for rank in range(2):
+        expected = PyDatasetStream(TellingBatches(), seed=7, rank=rank, num_workers=2)
+        stream = PyDatasetStream(TellingBatches(workers=3), seed=7, rank=rank, num_workers=2)
+        expected.dataset.fetched.clear()
+        stream.dataset.fetched.clear()
+        stream.read_ahead(plan[:6])  # the plan stops inside the second sweep
+        try:
+            for start, size in plan[:6]:
+                got, want = stream.read(start, size), expected.read(start, size)
+                np.testing.assert_array_equal(got[0], want[0])
+                np.testing.assert_array_equal(got[1], want[1])  # fetched after its sweep was told, as when read
+        finally:
+            stream.stop_reading_ahead()
+        assert stream.dataset.told == 2
+        assert sorted(stream.dataset.fetched) == sorted(expected.dataset.fetched)  # each once, none past the plan
+
+
 def test_batch_shuffle_reads_each_minibatch_from_one_range_in_an_order_of_its_own(tmp_path):
     """``shuffle="batch"``: minibatches in order, each the next range of rows, shuffled inside by (seed, position);
     worker shares split that shuffled minibatch; h5py reads the range once; the state keeps the mode."""
