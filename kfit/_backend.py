@@ -72,12 +72,15 @@ def hold_writes(model: Any) -> Callable[[], None]:
     wrapped to write the pending values into the state it receives, and ``model.jax_state_sync`` (which any
     callback's ``self.model`` calls) to write them into the Keras variables, so that a callback reading a variable
     sees the value set for the next step, as under ``model.fit``. Returns the function that unwraps both.
-    ``train_function(state, iterator)`` and ``jax_state_sync()`` are Keras internals, checked against Keras
-    3.10-3.15.
+    The unwrapping also lets go of Keras's function: what still holds the wrapper after training (kfit's run, in a
+    reference cycle with a generator Keras's loop left suspended when it read ahead: Keras 3.10-3.14, and 3.15 off
+    CPU) would otherwise keep the jitted ``train_step`` alive, and with it its traces in JAX's caches, where the step
+    of the model compiled again (other metrics) would find them. ``train_function(state, iterator)`` and
+    ``jax_state_sync()`` are Keras internals, checked against Keras 3.10.0, 3.11.3, 3.12.4, 3.13.2, 3.14.1 and 3.15.1.
     """
     if BACKEND != "jax" or getattr(model, "train_function", None) is None:
         return lambda: None
-    original = model.train_function
+    held = [model.train_function]  # (emptied by release)
     writes = _pending_writes.setdefault(model, {})
 
     def train_function(state: Any, iterator: Any) -> Any:
@@ -90,7 +93,7 @@ def hold_writes(model: Any) -> Callable[[], None]:
             writes.clear()
             state = tuple(groups)
         try:
-            return original(state, iterator)
+            return held[0](state, iterator)
         except BaseException:
             if getattr(model, "_jax_state", None) is None:
                 # The run's first step failed (a shape error in the data, say): Keras has taken the values out of the
@@ -116,7 +119,8 @@ def hold_writes(model: Any) -> Callable[[], None]:
 
     def release() -> None:
         if model.train_function is train_function:
-            model.train_function = original
+            model.train_function = held[0]
+        held.clear()
         if vars(model).get("jax_state_sync") is jax_state_sync:
             del vars(model)["jax_state_sync"]
         _pending_writes.pop(model, None)
