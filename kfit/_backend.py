@@ -494,6 +494,34 @@ def fit_reads_past_a_pass(adapter: Any) -> bool:
     return len(asked) > 1
 
 
+def fit_batches_read_ahead(adapter: Any) -> int:
+    """How many batches ``model.fit``'s own JAX loop over ``adapter`` has read beyond the one its step runs: Keras's
+    ``JAXEpochIterator._get_iterator`` hands the step batches it read ahead (Keras 3.10-3.14: one; 3.15: one off CPU,
+    none on CPU; none under a ``keras.distribution``). Asked of the class itself, over a pass of four batches: the
+    batches it read before it handed on the first. 0 off JAX (PyTorch's loop reads a batch as its step runs; on
+    TensorFlow, ``tf.data``'s prefetch reads ahead and kfit holds nothing back). Keras internal, checked against Keras
+    3.10.0, 3.11.3, 3.12.4, 3.13.2, 3.14.1 and 3.15.1."""
+    if BACKEND != "jax":
+        return 0
+
+    from keras.src.backend.jax.trainer import JAXEpochIterator
+
+    asked = []
+
+    def four_batches() -> Any:
+        for _ in range(4):
+            asked.append(1)
+            yield (np.zeros((1, 1), np.float32),)
+
+    probe = JAXEpochIterator.__new__(JAXEpochIterator)
+    probe.data_adapter = _adapter_with(adapter, get_jax_iterator=four_batches)
+    try:
+        next(iter(probe._get_iterator()))
+    except Exception:  # noqa: BLE001 -- an unknown loop: taken as reading none ahead (kfit's reader holds then)
+        return 0
+    return max(len(asked) - 1, 0)
+
+
 def declare_epoch_steps(steps: int) -> None:
     """Tells the ``EpochIterator`` of the running ``model.fit`` how many steps the epoch beginning now holds.
 

@@ -175,6 +175,9 @@ class SourceAdapter(_backend.DataAdapter):
         #: prefetch reads it): a callback that changes a generator's state as an epoch begins (a curriculum) then sees
         #: the epoch's batches made after it, as in ``model.fit``. The batch is read when Keras begins the epoch.
         self._holds_epoch_ends = self.continues and steps_per_epoch is not None and _backend.BACKEND != "tensorflow"
+        #: Where ``model.fit``'s own JAX loop reads batches ahead of its step (Keras 3.10-3.14; 3.15 off CPU), it reads
+        #: the next epoch's first ones before that epoch's ``on_epoch_begin``: the batch held back is the one after them.
+        self._fit_reads_ahead = _backend.fit_batches_read_ahead(inner) if self._holds_epoch_ends else 0
         self.driver: SourceDriver | None = None
         #: A tf.data pipeline read from its start at every epoch: a checkpoint saves the state its iterator had
         #: when the last pass opened began (not when TensorFlow cannot save the pipeline).
@@ -589,11 +592,13 @@ class SourceAdapter(_backend.DataAdapter):
     def _epoch_begins_at(self, index: int, beginning: bool) -> bool:
         """True when the batch ``index`` of the pass now open (its first: 0) is the first step of one of Keras's
         epochs that has not begun (Keras opens a pass as an epoch begins, ``beginning``, or as soon as the last step
-        of the epoch before has run)."""
-        if index == 0 and beginning:
+        of the epoch before has run); where Keras's own loop reads ``k`` batches ahead (``_fit_reads_ahead``), the
+        batch ``k`` after that first step instead (model.fit has read the ones before it when the epoch begins)."""
+        ahead = self._fit_reads_ahead
+        if index < ahead or (index == ahead and beginning):
             return False
-        step = self.first_step + self._steps_at_open + index
-        if index > 0 and self.inner.num_batches and step % self.inner.num_batches == 0:
+        step = self.first_step + self._steps_at_open + index - ahead
+        if index > ahead and self.inner.num_batches and step % self.inner.num_batches == 0:
             return False  # past the pass's end: reading finds it ended (Keras opens the next pass as the epoch ends)
         return self.position(step)[1] == 0
 
