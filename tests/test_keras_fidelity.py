@@ -878,6 +878,8 @@ def test_per_output_losses_of_a_resumed_epoch_are_the_uninterrupted_runs(tmp_pat
         np.testing.assert_allclose(resumed[key], reference[key], rtol=1e-6, err_msg=key)
 
 
+@pytest.mark.skipif(tuple(int(p) for p in keras.__version__.split(".")[:2]) < (3, 12),
+                    reason="model.fit itself fails on a None target before Keras 3.12 (tried: 3.10.0, 3.11.3)")
 def test_a_none_target_for_an_output_without_a_loss_trains_as_in_model_fit():
     """``model.fit(x, [y, None])`` with ``loss=["mse", None]`` trains; kfit's TensorFlow pipeline failed converting
     the None to a tensor."""
