@@ -7,6 +7,11 @@ The rest of kfit speaks public Keras API and ``keras.ops``. What cannot be said 
 * on JAX, ``model.fit`` holds the model's state outside the Keras variables; a hyperparameter change
   must reach that state without forcing a full state sync at every step;
 * converting a host (NumPy) batch to the backend's tensors.
+
+Versions: "checked against Keras 3.10-3.15" in a note below means the releases kfit's core tests (the files of
+``KFIT_OLDEST_KERAS_TESTS=all bash scripts/test_oldest_keras.sh``) were run on: Keras 3.10.0 (the oldest
+``pyproject.toml`` allows), 3.11.3, 3.12.4, 3.13.2, 3.14.1 and 3.15.1, on JAX for each; on TensorFlow and PyTorch
+for 3.10.0, 3.12.4, 3.14.1 and 3.15.1 (TensorFlow 2.21, 2.20 for 3.10). CI runs the oldest and the newest only.
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ def hold_writes(model: Any) -> Callable[[], None]:
     """
     if BACKEND != "jax" or getattr(model, "train_function", None) is None:
         return lambda: None
-    held = [model.train_function]  # (emptied by release)
+    original = model.train_function  # (let go of by release)
     writes = _pending_writes.setdefault(model, {})
 
     def train_function(state: Any, iterator: Any) -> Any:
@@ -93,7 +98,7 @@ def hold_writes(model: Any) -> Callable[[], None]:
             writes.clear()
             state = tuple(groups)
         try:
-            return held[0](state, iterator)
+            return original(state, iterator)
         except BaseException:
             if getattr(model, "_jax_state", None) is None:
                 # The run's first step failed (a shape error in the data, say): Keras has taken the values out of the
@@ -118,9 +123,10 @@ def hold_writes(model: Any) -> Callable[[], None]:
     object.__setattr__(model, "jax_state_sync", jax_state_sync)
 
     def release() -> None:
+        nonlocal original
         if model.train_function is train_function:
-            model.train_function = held[0]
-        held.clear()
+            model.train_function = original
+        original = None
         if vars(model).get("jax_state_sync") is jax_state_sync:
             del vars(model)["jax_state_sync"]
         _pending_writes.pop(model, None)
@@ -204,8 +210,8 @@ def without_state_sharding_constraints(model: Any) -> Any:
     leaves the state's sharding alone. Keras 3.10 ends its ``train_step`` with ``_enforce_jax_state_sharding``,
     which constrains every state variable to the single-device sharding recorded when ``fit`` began, a device set
     that contradicts the workers' mesh (JAX refuses the step: "incompatible devices"); inside ``shard_map`` each
-    worker's state is its own, and no constraint is needed. Keras 3.15 makes no such call (nothing to do). A Keras
-    internal, checked against Keras 3.10 (present) and 3.15 (absent)."""
+    worker's state is its own, and no constraint is needed. Keras 3.12-3.15 make no such call (nothing to do). A Keras
+    internal, checked against Keras 3.10.0 and 3.11.3 (present), 3.12.4, 3.13.2, 3.14.1 and 3.15.1 (absent)."""
     if not hasattr(model, "_enforce_jax_state_sharding"):
         yield
         return
@@ -815,7 +821,7 @@ def after_evaluate_in_fit(model: Any) -> None:
     ``evaluate`` clears the training state's sharding specs (``_clear_jax_state_sharding``) that ``fit``'s train
     step reads when it is traced again (a new minibatch size, the state's arrays replaced): they are recorded
     again. Keras internals (``_trainable_variable_shardings``, ``_record_training_state_sharding_spec``), checked
-    against Keras 3.10-3.15 (Keras 3.15 keeps no such specs: nothing to do)."""
+    against Keras 3.10-3.15 (Keras 3.11 keeps them too; 3.12-3.15 keep no such specs: nothing to do)."""
     if BACKEND != "jax" or not hasattr(model, "_record_training_state_sharding_spec"):
         return
     if getattr(model, "_trainable_variable_shardings", ()) is None:
