@@ -127,28 +127,32 @@ class AgreedStopCallback(keras.callbacks.Callback):
     """
 
     order = 2000  # under kfit.fit (data-parallel): after every callback that may stop training
-    _run = None
+    _preemptible: list = []  # the run's callbacks that save on preemption (Checkpoint(save_on_preemption=True))
+    _stoppable: list = []  # the run's callbacks that save a stop agreed inside an epoch (Checkpoint._stop_agreed)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self._run = current_run(self.model) if size() > 1 else None
-        if self._run is not None:  # the run's checkpoints leave a SIGTERM and a stop to this agreement
-            self._run.agreed_stops = True
+        run = current_run(self.model) if size() > 1 else None
+        callbacks = run.callbacks if run is not None else []
+        if run is not None:  # the run's checkpoints leave a SIGTERM and a stop to this agreement
+            run.agreed_stops = True
+        self._preemptible = [c for c in callbacks if hasattr(c, "_preemption_agreed")]
+        self._stoppable = [c for c in callbacks if hasattr(c, "_stop_agreed")]
 
     def _agree(self, epoch: int | None = None, logs: dict | None = None) -> None:
         from kfit.distributed import _state
 
-        callbacks = self._run.callbacks if self._run is not None else []
-        preemptible = [c for c in callbacks if hasattr(c, "_preemption_agreed")]
-        requested = any(c._preemption_requested() for c in preemptible)
-        stops, preempted = _state.count_true([bool(self.model.stop_training), requested])
-        self.model.stop_training = stops > 0
+        # Every step: ``self._model``, not ``self.model``, which on JAX syncs the whole training state into the
+        # variables to read one Python flag (as KfitCallback.training_model).
+        model = self._model
+        requested = any(c._preemption_requested() for c in self._preemptible)
+        stops, preempted = _state.count_true([bool(model.stop_training), requested])
+        model.stop_training = stops > 0
         if preempted:  # every worker's checkpoint saves (rank 0 writes) and ends as SIGTERM would
-            for callback in preemptible:
+            for callback in self._preemptible:
                 callback._preemption_agreed(preempted, epoch, logs)
         elif stops and epoch is None:  # a checkpoint saves the step where every worker stops (Checkpoint._stop_agreed)
-            for callback in callbacks:
-                if hasattr(callback, "_stop_agreed"):
-                    callback._stop_agreed()
+            for callback in self._stoppable:
+                callback._stop_agreed()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self._agree()
