@@ -339,6 +339,7 @@ def test_a_killed_worker_ends_the_job_within_seconds_without_a_launcher(jobs):
     assert rc is not None and rc != 0, logs[0][-4000:]
     assert ended - float(killed_at.read_text()) < KILL_BOUND_SECONDS
     assert "WorkerLostError: kfit.distributed: the collective" in logs[0] and "another worker died" in logs[0], logs[0][-4000:]
+    assert "AgreedStopCallback() last" in logs[0], logs[0][-4000:]  # the other cause it names, and its fix
     assert "finished without being killed" not in logs[0] + logs[1]
 
 

@@ -45,6 +45,18 @@ class WorkerLostError(RuntimeError):
     The message names the collective, this worker's rank and the timeout (``KFIT_COLLECTIVE_TIMEOUT``).
     """
 
+    @classmethod
+    def of(cls, collective: str, rank: int, size: int, engine: str, timeout: str, detail: str) -> WorkerLostError:
+        """The error of ``collective`` failing on worker ``rank`` of ``size`` (``engine``: which native engine), with
+        the usual causes and what to do; ``detail``: the engine's own message."""
+        return cls(
+            f"kfit.distributed: the collective {collective!r} failed on rank {rank} of {size} ({engine}): another "
+            f"worker died, or left training before the others (under plain model.fit, a callback that set "
+            f"model.stop_training on that worker alone: list kfit.distributed.AgreedStopCallback() last in "
+            f"model.fit's callbacks, and every worker stops at the same step), or did not answer within {timeout} "
+            f"seconds. Check the other workers' logs; rerun with a kfit.callbacks.Checkpoint(restore=True) to resume. "
+            f"({detail})")
+
 
 class Engine(abc.ABC):
     """One process's handle on a started collective-communication engine."""

@@ -425,11 +425,9 @@ def _translated(error: Exception, engine: JaxEngine) -> Exception:
     if "Gloo" not in text and "gloo" not in text and "UNAVAILABLE" not in text:
         return error
     _failed.set()
-    return WorkerLostError(
-        f"kfit.distributed: the collective 'kfit.gradients' failed on rank {engine.rank()} of {engine.size()} "
-        f"(native engine, jax.distributed, in the compiled step): another worker died, or did not answer within "
-        f"{_launch.TIMEOUT_VARIABLE}={_launch.timeout_seconds():g} seconds. Check the other workers' logs; rerun "
-        f"with a kfit.callbacks.Checkpoint(restore=True) to resume. ({text.splitlines()[0] if text else error!r})")
+    return WorkerLostError.of(
+        "kfit.gradients", engine.rank(), engine.size(), "native engine, jax.distributed, in the compiled step",
+        f"{_launch.TIMEOUT_VARIABLE}={_launch.timeout_seconds():g}", text.splitlines()[0] if text else repr(error))
 
 
 def _gloo_on_the_masters_route(environment: _launch.LaunchEnvironment) -> None:

@@ -114,12 +114,9 @@ class TorchEngine(Engine):
         try:
             yield
         except RuntimeError as error:
-            raise WorkerLostError(
-                f"kfit.distributed: the collective {name!r} failed on rank {self._env.rank} of {self._env.size} "
-                f"(native engine, torch.distributed): another worker died, or did not answer within "
-                f"{_launch.TIMEOUT_VARIABLE}={_launch.timeout_seconds():g} seconds. Check the other workers' logs; "
-                f"rerun with a kfit.callbacks.Checkpoint(restore=True) to resume. ({error})"
-            ) from error
+            raise WorkerLostError.of(
+                name, self._env.rank, self._env.size, "native engine, torch.distributed",
+                f"{_launch.TIMEOUT_VARIABLE}={_launch.timeout_seconds():g}", str(error)) from error
 
 
 def _shutdown() -> None:
