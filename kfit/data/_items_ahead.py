@@ -8,6 +8,11 @@ each epoch. kfit's stream reads items in its own order (its seeded shuffle, mini
 ``max_queue_size`` ahead, never one of a sweep the dataset has not been told of yet (its ``on_epoch_begin`` may
 change what it serves). The pool is made again each time the dataset may have changed (a sweep told, an epoch
 begun), so worker processes see the dataset as it is then; nothing is fetched past the epoch's plan.
+
+A worker process that dies (the kernel's out-of-memory killer, ``os._exit`` or a crash in native code in
+``__getitem__``) loses the item it was fetching: ``multiprocessing.Pool`` starts another process, but that item's
+result never comes, and Keras's ``OrderedEnqueuer`` waits for it forever (``model.fit`` hangs; Keras 3.15). Here the
+read waiting for an item finds the dead process, ends the pool and raises a ``RuntimeError`` that says so.
 """
 
 from __future__ import annotations
@@ -36,6 +41,24 @@ def _item(index: int) -> Any:
     return _DATASET[index]
 
 
+def _death(dataset: Any, exitcode: int) -> RuntimeError:
+    """The error of a worker process that died with ``exitcode`` (a process's: ``-N`` for signal ``N``)."""
+    if exitcode < 0:
+        try:
+            how = f"was killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            how = f"was killed by signal {-exitcode}"
+    else:
+        how = f"exited with code {exitcode}"
+    return RuntimeError(
+        f"A worker process fetching the items of the PyDataset {type(dataset).__name__} (workers="
+        f"{getattr(dataset, 'workers', None)}, use_multiprocessing=True) {how} while items were being fetched: the "
+        "item it was fetching is lost. If memory ran out (the kernel's out-of-memory killer sends SIGKILL), lower the "
+        "dataset's `workers` or `max_queue_size`, or the memory one item takes; else `__getitem__` ended the process "
+        "(os._exit, sys.exit) or crashed in native code: read the dataset's items with use_multiprocessing=False to "
+        "see where.")
+
+
 class ItemsAhead:
     """Fetches ``dataset[index]`` for each ``(sweep, index)`` an epoch will read, ahead of :meth:`get`.
 
@@ -53,6 +76,7 @@ class ItemsAhead:
         self._depth = max(int(getattr(dataset, "max_queue_size", 10) or 1), 1)
         self._dataset = dataset
         self._pool: multiprocessing.pool.Pool | None = None
+        self._pool_processes: list = []  # the worker processes the pool started with (processes only)
         self._pending: collections.deque = collections.deque()  # ((sweep, index), AsyncResult), in reading order
         self._keys: Iterator[tuple[int, int]] | None = None
         self._next: tuple[int, int] | None = None
@@ -79,12 +103,25 @@ class ItemsAhead:
             if not self._pending or self._pending[0][0] != (sweep, index):
                 self.close()  # a read the epoch's plan did not foresee: the rest of it is read as asked
                 return self._dataset[index]
-            pool, result = self._pool, self._pending.popleft()[1]
+            pool, result, processes = self._pool, self._pending.popleft()[1], self._pool_processes
         while not result.ready():
-            if self._pool is not pool:  # closed meanwhile (by the trainer's thread): its result never comes
+            if self._closed(pool, processes):  # closed meanwhile (by the trainer's thread): its result never comes
                 return self._dataset[index]
             result.wait(0.05)
         return result.get()  # raises what __getitem__ raised, as model.fit's enqueuer does
+
+    def _closed(self, pool: multiprocessing.pool.Pool, processes: list) -> bool:
+        """Whether ``pool`` was closed; raises if one of its worker ``processes`` died (and closes it)."""
+        with self._lock:  # (the trainer's thread closes a pool under it: its processes end then, and died of nothing)
+            if self._pool is not pool:
+                return True
+            # A worker never exits on its own (no maxtasksperchild): it died, and the item it was fetching with it.
+            # Those the pool started with are enough to look at: the pool replaces only those that died.
+            dead = next((process.exitcode for process in processes if process.exitcode is not None), None)
+            if dead is not None:
+                self.close()
+                raise _death(self._dataset, dead)
+            return False
 
     def _fill(self, sweep: int) -> None:
         while self._next is not None and self._next[0] <= sweep and len(self._pending) < self._depth:
@@ -99,13 +136,16 @@ class ItemsAhead:
 
     def _new_pool(self) -> multiprocessing.pool.Pool:
         if self._processes:  # as Keras's OrderedEnqueuer: the default context, the dataset handed to each process
-            return multiprocessing.Pool(self._workers, initializer=_init_worker, initargs=(self._dataset,))
+            pool = multiprocessing.Pool(self._workers, initializer=_init_worker, initargs=(self._dataset,))
+            # Pool's list of its processes (``_pool``: a CPython internal, there since Python 2.6), as started.
+            self._pool_processes = list(pool._pool)
+            return pool
         return multiprocessing.pool.ThreadPool(self._workers)
 
     def _drop_pool(self) -> None:
         with self._lock:
             self._pending.clear()
-            pool, self._pool = self._pool, None
+            pool, self._pool, self._pool_processes = self._pool, None, []
             if pool is not None:
                 pool.terminate()
                 pool.join()

@@ -1,0 +1,76 @@
+"""A PyDataset's items fetched ahead on worker processes (``kfit.data._items_ahead``): a worker that dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# kfit.fit (seed=0 moves it into kfit's own loop) over a PyDataset whose worker processes die fetching item 5: with
+# os._exit(3), then killed by SIGKILL (as by the out-of-memory killer). Prints what each fit raised, then the pools'
+# and kfit's threads and the child processes left.
+_DIES_IN_A_WORKER = """
+import multiprocessing, os, signal, sys, threading
+import keras, numpy as np
+import kfit
+
+PARENT = os.getpid()
+
+
+class DiesInAWorker(keras.utils.PyDataset):
+    def __init__(self, how):
+        super().__init__(workers=2, use_multiprocessing=True)
+        self.how = how
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        if index == 5 and os.getpid() != PARENT:
+            if self.how == "exit":
+                os._exit(3)
+            os.kill(os.getpid(), signal.SIGKILL)
+        x = np.full((8, 4), index, "float32")
+        return x, x[:, :1]
+
+
+for how in ("exit", "kill"):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    try:
+        kfit.fit(model, DiesInAWorker(how), epochs=2, verbose=0, seed=0)
+        print("RAISED nothing", flush=True)
+    except Exception as error:
+        print("RAISED", " ".join(str(error).split()), flush=True)
+threads = [t.name for t in threading.enumerate() if "(worker)" in t.name or "(_handle" in t.name or t.name.startswith("kfit")]
+print("LEFT", threads, multiprocessing.active_children(), flush=True)
+"""
+
+
+def test_a_pydataset_worker_process_that_dies_ends_kfit_fit_with_an_error_that_says_so():
+    """A worker process that died (os._exit in ``__getitem__``, or SIGKILL, the out-of-memory killer's) lost the item
+    it was fetching: Pool started another process, the item never came, and kfit.fit waited for it forever, as
+    model.fit does (Keras 3.15's enqueuer waits on the item without a timeout). Now the read waiting for it finds the
+    dead process: kfit.fit raises an error that names the dataset and how its worker died, and says what to do; no
+    pool thread or worker process is left. Run in a subprocess, which a hang would keep past its timeout."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    process = subprocess.Popen([sys.executable, "-c", _DIES_IN_A_WORKER], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the script and its worker processes
+        out, err = process.communicate()
+        raise AssertionError(f"kfit.fit hung after a worker process died; it printed:\n{out}\n{err[-3000:]}") from None
+    assert process.returncode == 0, err[-3000:]
+    raised = [line for line in out.splitlines() if line.startswith("RAISED")]
+    where = "A worker process fetching the items of the PyDataset DiesInAWorker (workers=2, use_multiprocessing=True)"
+    assert len(raised) == 2 and all(where in line for line in raised), out
+    assert "exited with code 3 while items were being fetched: the item it was fetching is lost" in raised[0]
+    assert "was killed by signal SIGKILL while items were being fetched" in raised[1]
+    assert "lower the dataset's `workers` or `max_queue_size`" in raised[1]
+    assert out.splitlines()[-1] == "LEFT [] []"
