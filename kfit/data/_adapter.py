@@ -202,6 +202,13 @@ class StreamAdapter(_backend.DataAdapter):
             if self._rows is not None:
                 rows = len(self._rows[1](start, size))
             else:
+                # Read on the calling thread (TensorFlow; once a call, for its fixed size). A PyDataset's stream, whose
+                # reads change its state (its sweeps told, its batches kept) and run user code, is never read here
+                # while a reader reads it: Keras makes its dataset (get_tf_dataset) before any reader starts, and an
+                # epoch begins (_check_keras_dataset) once the last epoch's readers and item pool are ended (close,
+                # which waits up to 5 s for a read in progress): such a stream is read ahead within its epoch only (no
+                # `ahead`). The reader that runs on across epochs reads a SampleStream (h5py, array-likes), whose reads
+                # share no state (h5py serializes its calls). Generators and tf.data never come here (SourceAdapter).
                 leaves = [a for a in keras.tree.flatten(pack_batch(*self._read(start, size))) if a is not None]
                 rows = int(np.shape(leaves[0])[0]) if leaves else size
             self._worker_rows_of[size] = rows
