@@ -12,7 +12,9 @@ begun), so worker processes see the dataset as it is then; nothing is fetched pa
 A worker process that dies (the kernel's out-of-memory killer, ``os._exit`` or a crash in native code in
 ``__getitem__``) loses the item it was fetching: ``multiprocessing.Pool`` starts another process, but that item's
 result never comes, and Keras's ``OrderedEnqueuer`` waits for it forever (``model.fit`` hangs; Keras 3.15). Here the
-read waiting for an item finds the dead process, ends the pool and raises a ``RuntimeError`` that says so.
+read waiting for an item finds the dead process, ends the pool and raises a ``RuntimeError`` that says so. (Not where
+``Pool.terminate`` itself waits forever, CPython's bpo-22393: a process killed while it held one of the pool's queue
+locks, waiting for a task or sending a result.)
 """
 
 from __future__ import annotations
