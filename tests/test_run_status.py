@@ -170,18 +170,21 @@ def test_model_fit_rerun_of_a_complete_run_trains_nothing(tmp_path, capsys):
         model = make_model()
         counter = StepCounter()
         with pytest.warns(UserWarning) if (tmp_path / "run.ckpt").exists() else _nothing():
-            model.fit(X, Y, batch_size=16, epochs=2, verbose=0, shuffle=False,
-                      callbacks=[counter, kfit.callbacks.Checkpoint(path, async_write=False)])
-        return model, counter
+            history = model.fit(X, Y, batch_size=16, epochs=2, verbose=0, shuffle=False,
+                                callbacks=[counter, kfit.callbacks.Checkpoint(path, async_write=False)])
+        return model, counter, history
 
-    first, counter = run()
+    first, counter, history = run()
     assert counter.steps == 8
     assert read_checkpoint_info(path).status_text() == "complete (reached epochs=2)"
     capsys.readouterr()
-    again, counter = run()
+    again, counter, again_history = run()
     assert counter.steps == 0
     assert "kfit: run already complete at the end of epoch 2 (reached epochs=2); nothing to train." in capsys.readouterr().err
     assert_same_weights(first, again)
+    # The History model.fit returns is the finished run's, its epochs included (as kfit.fit's rerun returns it)
+    assert again_history.epoch == history.epoch == [0, 1]
+    assert again_history.history == history.history
 
 
 def test_model_fit_rerun_of_a_run_stopped_inside_an_epoch_keeps_the_clock_where_it_stopped(tmp_path, capsys):

@@ -80,15 +80,22 @@ class ModelFitLoop(RunLoop):
     def epoch_begins(self, run: _run.Run) -> None:
         self._ended_epoch.clear()
         self._run_after_epoch_end()  # (none left: every kfit callback ends each epoch)
-        # Keras's History empties its epoch list in its on_train_begin, which comes after every kfit callback's.
+        self._give_history_its_epochs(run)
+        self._forget_initial_epoch(run)  # model.fit has read it (right after on_train_begin)
+
+    @staticmethod
+    def _give_history_its_epochs(run: _run.Run) -> None:
+        """Keras's ``History`` empties its epoch list in its ``on_train_begin``, which comes after every kfit
+        callback's: the restored epochs go in when the first epoch begins, or as the run ends (a finished run trains
+        none)."""
         if run.restored_history_epochs is not None:
             if run.history is not None and not run.history.epoch:
                 run.history.epoch = list(run.restored_history_epochs)
             run.restored_history_epochs = None
-        self._forget_initial_epoch(run)  # model.fit has read it (right after on_train_begin)
 
     def member_ended(self, run: _run.Run, callback: Any) -> None:
         self._run_after_epoch_end()  # (none left: every kfit callback ends each epoch)
+        self._give_history_its_epochs(run)
         self._forget_initial_epoch(run)  # (also when a restored finished run trained no epoch)
         self._ended.add(id(callback))
         if not run.manual and all(id(c) in self._ended for c in run.members()):
