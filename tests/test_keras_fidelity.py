@@ -1315,3 +1315,48 @@ def test_a_checkpoint_at_the_first_epochs_last_step_of_a_generator_keeps_that_ep
     assert len(history["loss"]) == 3
     np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-6)
     assert [line.split(",")[0] for line in csv.read_text().splitlines()[1:]] == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("optimizer", ["MomentumSGD", "Adam"])
+def test_under_mixed_float16_kfits_schedules_set_the_wrapped_optimizer_and_a_resume_keeps_the_loss_scale(
+        optimizer, tmp_path):
+    """Under the ``mixed_float16`` policy ``model.compile`` wraps the optimizer in a ``LossScaleOptimizer``: kfit.fit
+    trains as model.fit, a resume restores the loss scale (fallen from 2**15 here: without it the resumed run skips
+    steps), and ``MomentumSchedule`` finds the inner optimizer's variable (it looked for ``beta_1`` on the wrapper,
+    and refused ``kfit.optimizers.Adam`` as having no ``momentum``)."""
+    x, y = regression_data(48)
+    y = 30 * y  # gradients that overflow float16 at the first loss scales
+
+    def model():
+        keras.config.set_dtype_policy("mixed_float16")
+        try:
+            return compiled(mlp(), optimizer=getattr(kfit.optimizers, optimizer)(learning_rate=0.0))
+        finally:
+            keras.config.set_dtype_policy("float32")
+
+    def schedules():
+        return [kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(1e-4)),
+                kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant([40, 100], epoch_size=48))]
+
+    def fit(model, *callbacks, **options):
+        kfit.fit(model, x, y, batch_size=8, epochs=3, shuffle=False, seed=0, verbose=0,
+                 callbacks=[*schedules(), *callbacks], **options)
+        return model
+
+    under_model_fit = model()
+    under_model_fit.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0,
+                        callbacks=[kfit.callbacks.SampleClock(batch_size=8, num_samples=48), *schedules()])
+    uninterrupted = fit(model())
+    assert type(uninterrupted.optimizer).__name__ == "LossScaleOptimizer"
+    assert_same_weights(under_model_fit, uninterrupted)
+    inner = uninterrupted.optimizer.inner_optimizer
+    momentum = inner.momentum if optimizer == "MomentumSGD" else inner.beta_1
+    assert float(keras.ops.convert_to_numpy(momentum)) == pytest.approx(np.exp(-8 / 100))
+    assert float(keras.ops.convert_to_numpy(uninterrupted.optimizer.dynamic_scale)) < 2.0**15
+    path = tmp_path / "run.ckpt"
+    with pytest.raises(RuntimeError, match="crash"):
+        fit(model(), kfit.callbacks.Checkpoint(path, frequency=8, async_write=False), CrashAtStep(7))
+    resumed = fit(model(), kfit.callbacks.Checkpoint(path, frequency=8, async_write=False))
+    assert_same_weights(uninterrupted, resumed)
+    for a, b in zip(uninterrupted.optimizer.variables, resumed.optimizer.variables):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), err_msg=a.path)

@@ -28,11 +28,16 @@ def _as_hyperparameter_schedule(schedule: Any, kind: str, default_factory: Any, 
     return default_factory(schedule)
 
 
+def _inner(optimizer: Any) -> Any:
+    """The optimizer that holds the hyperparameters: a ``LossScaleOptimizer``'s (``mixed_float16``) inner one."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
 def gradient_accumulation_steps(optimizer: Any) -> int:
     """How many steps the optimizer averages into one update (Keras's ``gradient_accumulation_steps``; 1 without;
     a ``LossScaleOptimizer``'s is its inner optimizer's)."""
     steps = getattr(optimizer, "gradient_accumulation_steps", None) or getattr(
-        getattr(optimizer, "inner_optimizer", None), "gradient_accumulation_steps", None)
+        _inner(optimizer), "gradient_accumulation_steps", None)
     return int(steps) if steps else 1
 
 
@@ -326,7 +331,8 @@ class MomentumSchedule(_HyperparameterSchedule):
     def _target_variable(self, optimizer: Any) -> Any:
         from kfit.optimizers import hyperparameter_variable
 
-        name = "beta_1" if hasattr(optimizer, "beta_1") and not hasattr(optimizer, "momentum") else "momentum"
+        inner = _inner(optimizer)
+        name = "beta_1" if hasattr(inner, "beta_1") and not hasattr(inner, "momentum") else "momentum"
         return hyperparameter_variable(optimizer, name)
 
     def momentum(self) -> float:
