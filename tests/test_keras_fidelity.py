@@ -470,6 +470,30 @@ def test_kfits_rate_callbacks_log_learning_rate_as_the_keras_callbacks_they_repl
         np.testing.assert_allclose([float(r[header.index("lr")]) for r in rows], expected, rtol=1e-6)
 
 
+def test_kfits_reduce_lr_on_plateau_after_an_epoch_end_cross_validation_logs_the_rate_the_epoch_trained_with(tmp_path):
+    """Keras's ReduceLROnPlateau on ``validation_data``, or kfit's on a CrossValidation at each epoch's end: the same
+    training, and the epoch logs' ``learning_rate`` is the rate each epoch trained with. kfit's logged the next
+    epoch's: the evaluation, made before the epoch's logs, had reduced it already."""
+    x, y = regression_data(40)
+    validation = regression_data(16, seed=5)
+    reduce = dict(monitor="val_loss", factor=0.5, patience=1, min_delta=1e9)  # a reduction at each epoch after the first
+    keras_model = compiled(mlp(), optimizer=keras.optimizers.SGD(RATES[0]))
+    expected = keras_model.fit(x, y, batch_size=8, epochs=4, shuffle=False, verbose=0, validation_data=validation,
+                               callbacks=[keras.callbacks.ReduceLROnPlateau(**reduce)]).history
+    model = compiled(mlp(), optimizer=keras.optimizers.SGD(RATES[0]))
+    history = kfit.fit(model, x, y, batch_size=8, epochs=4, shuffle=False, seed=0, verbose=0, callbacks=[
+        kfit.callbacks.CrossValidation(validation, frequency="1ep", minibatch_size=8),
+        kfit.callbacks.ReduceLROnPlateau(**reduce), kfit.callbacks.CSVHistory(tmp_path / "history.csv")]).history
+    np.testing.assert_allclose(expected["learning_rate"], [0.08, 0.08, 0.04, 0.02], rtol=1e-6)
+    np.testing.assert_allclose(history["learning_rate"], expected["learning_rate"], rtol=1e-6)
+    np.testing.assert_allclose(history["val_loss"], expected["val_loss"], rtol=1e-5)
+    for a, b in zip(weights(keras_model), weights(model)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    header, *rows = [line.split(",") for line in (tmp_path / "history.csv").read_text().splitlines()]
+    epochs = [row for row in rows if row[header.index("kind")] == "epoch"]  # (and one row per cross-validation)
+    np.testing.assert_allclose([float(row[header.index("lr")]) for row in epochs], expected["learning_rate"], rtol=1e-6)
+
+
 class RowRecorder(keras.layers.Layer):
     """Passes its input on; in training (run eagerly) records the first column of each minibatch: its rows' numbers."""
 

@@ -108,6 +108,7 @@ class ReduceLROnPlateau(MonitorCallback):
         self.reduced_evaluation: int | None = None
         self.reduced_samples: int | None = None
         self.stopped_samples: int | None = None
+        self._rate_before: tuple[int, float] | None = None  # (clock samples, rate) at this callback's last reduction
 
     @property
     def stopped(self) -> bool:
@@ -143,13 +144,17 @@ class ReduceLROnPlateau(MonitorCallback):
         if schedule is not None:
             schedule.reset_learning_rate(value)  # applied, and announced, at the next step
             return
+        self._rate_before = (self.clock.samples, self.learning_rate())  # the rate the steps so far trained with
         _backend.set_variable(self.training_model, self._optimizer_variable(), value)
         self.publish("on_hyperparameter_change", "lr", value, value, "per_minibatch")
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is not None and self._schedule_callback() is None:  # (a schedule logs it itself)
-            # The optimizer's rate the epoch trained with, before any reduction, as Keras's ReduceLROnPlateau logs it.
-            logs["learning_rate"] = float(np.asarray(_backend.read_variable(self.training_model, self._optimizer_variable())))
+            # The optimizer's rate the epoch trained with, before any reduction, as Keras's ReduceLROnPlateau logs it
+            # (a CrossValidation at the epoch's end has reduced it already, with no step since).
+            before = self._rate_before
+            logs["learning_rate"] = (before[1] if before is not None and before[0] == self.clock.samples else
+                                     float(np.asarray(_backend.read_variable(self.training_model, self._optimizer_variable()))))
         super().on_epoch_end(epoch, logs)
 
     # -- decisions -------------------------------------------------------------------------------
