@@ -1384,3 +1384,30 @@ def test_under_mixed_float16_kfits_schedules_set_the_wrapped_optimizer_and_a_res
     assert_same_weights(uninterrupted, resumed)
     for a, b in zip(uninterrupted.optimizer.variables, resumed.optimizer.variables):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), err_msg=a.path)
+
+
+def test_gradient_accumulation_trains_as_in_model_fit_and_resumes_exactly_mid_accumulation(tmp_path):
+    """Keras's ``gradient_accumulation_steps=3`` over epochs of 5 steps: kfit's loop updates where model.fit does, and
+    a run killed after its 7th step (one step into an accumulation) resumes with that step's gradients accumulated."""
+    x, y = regression_data(40)
+
+    def model():
+        return compiled(mlp(), optimizer=keras.optimizers.SGD(0.05, momentum=0.9, gradient_accumulation_steps=3))
+
+    def fit(model, *callbacks):
+        kfit.fit(model, x, y, batch_size=8, epochs=3, shuffle=False, seed=0, verbose=0, callbacks=list(callbacks))
+        return model
+
+    under_model_fit = model()
+    under_model_fit.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+    uninterrupted = fit(model())
+    assert_same_weights(under_model_fit, uninterrupted)
+    path = tmp_path / "run.ckpt"
+    with pytest.raises(RuntimeError, match="crash"):
+        fit(model(), kfit.callbacks.Checkpoint(path, frequency=8, async_write=False), CrashAtStep(7))
+    checkpoint = kfit.callbacks.Checkpoint(path, frequency=8, async_write=False)
+    resumed = fit(model(), checkpoint)
+    assert checkpoint.restored_from.samples == 56  # 7 steps: 2 updates, and 1 step accumulated
+    assert_same_weights(uninterrupted, resumed)
+    for a, b in zip(uninterrupted.optimizer.variables, resumed.optimizer.variables):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), err_msg=a.path)
