@@ -816,12 +816,15 @@ def set_csv_logger_state(callback: Any, state: dict[str, Any]) -> None:
     callback.append_header = not contents
 
 
-def after_evaluate_in_fit(model: Any) -> None:
-    """After a ``model.evaluate`` made inside ``fit`` (kfit's ``CrossValidation`` and ``Test``): Keras 3.10's JAX
-    ``evaluate`` clears the training state's sharding specs (``_clear_jax_state_sharding``) that ``fit``'s train
-    step reads when it is traced again (a new minibatch size, the state's arrays replaced): they are recorded
-    again. Keras internals (``_trainable_variable_shardings``, ``_record_training_state_sharding_spec``), checked
-    against Keras 3.10-3.15 (Keras 3.11 keeps them too; 3.12-3.15 keep no such specs: nothing to do)."""
+def record_state_sharding(model: Any) -> None:
+    """Records the training state's sharding specs where Keras has cleared them, for a train step traced now. Keras
+    3.10-3.11's JAX ``train_step`` constrains the state it returns to the specs ``fit`` records as it begins and clears
+    as it ends, as ``evaluate`` does too: a step traced after a ``model.evaluate`` made inside ``fit`` (kfit's
+    ``CrossValidation`` and ``Test``: a new minibatch size, the state's arrays replaced), or lowered outside ``fit``
+    (a :class:`~kfit.training._compile_ahead.CompileAhead` made after ``fit`` ended), would fail ("'NoneType' object
+    is not subscriptable"). Keras internals (``_trainable_variable_shardings``,
+    ``_record_training_state_sharding_spec``), checked against Keras 3.10.0 and 3.11.3 (cleared); 3.12.4, 3.13.2,
+    3.14.1 and 3.15.1 keep no such specs: nothing to do."""
     if BACKEND != "jax" or not hasattr(model, "_record_training_state_sharding_spec"):
         return
     if getattr(model, "_trainable_variable_shardings", ()) is None:
@@ -932,13 +935,30 @@ def xla_step_warmer(model: Any) -> Callable[[int], None] | None:
     return warm
 
 
-def train_state_specs(model: Any) -> tuple:
-    """The shapes and dtypes of the state Keras's JAX ``fit`` hands its train step: (trainable, non-trainable,
-    optimizer, metrics) variables, as ``jax.ShapeDtypeStruct`` lists. Checked against Keras 3.10-3.15."""
+def train_state_specs(model: Any) -> list[tuple]:
+    """The states Keras's JAX ``fit`` hands its train step, each as XLA compiles a step for it: (trainable,
+    non-trainable, optimizer, metrics) variables, as ``jax.ShapeDtypeStruct`` lists.
+
+    One state where the step leaves the state's sharding alone (Keras 3.12.4, 3.13.2, 3.14.1 and 3.15.1): its shapes and
+    dtypes. Keras 3.10.0 and 3.11.3's step constrains the state it returns to the sharding ``fit`` recorded as it began
+    (see :func:`record_state_sharding`): JAX then compiles it once per sharding of its arguments, a new minibatch size
+    twice under ``model.fit`` itself. An epoch's first step takes the metrics Keras has just reset (arrays of no
+    sharding), the state the step returned otherwise; the steps after it take the state the step returned. Two states
+    then: everything of the recorded sharding, and the same with the metrics of none. Keras internals
+    (``_trainable_variable_shardings`` and its three siblings), checked against those releases."""
     import jax
 
-    return tuple([jax.ShapeDtypeStruct(tuple(v.shape), v.value.dtype) for v in group]
-                 for group in _group_variables(model))
+    groups = _group_variables(model)
+    unsharded = [[None] * len(group) for group in groups]
+    recorded = [getattr(model, f"_{name.removesuffix('_variables')}_variable_shardings", None) for name in _GROUPS]
+
+    def state(shardings: list) -> tuple:
+        return tuple([jax.ShapeDtypeStruct(tuple(v.shape), v.value.dtype, sharding=s) for v, s in zip(group, specs)]
+                     for group, specs in zip(groups, shardings))
+
+    if not hasattr(model, "_enforce_jax_state_sharding") or None in recorded:
+        return [state(unsharded)]
+    return [state(recorded), state([*recorded[:3], unsharded[3]])]
 
 
 def thread_state() -> Callable[[], None]:

@@ -422,7 +422,7 @@ def _keeping_training_state(model: Any, run: Callable[[], dict], combine: bool =
             variable.assign(value)
         if training is True and callable(getattr(model, "train", None)):
             model.train()
-        _backend.after_evaluate_in_fit(model)
+        _backend.record_state_sharding(model)
     return {k: _scalar(v) for k, v in results.items()}
 
 

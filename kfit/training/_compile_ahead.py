@@ -63,8 +63,10 @@ class CompileAhead:
         self._stepped = threading.Event()
         self._steps_begun = False
         self._closing = False
-        # The state's shapes, read now: Keras's JAX fit empties the variables while it trains.
-        self._state = _backend.train_state_specs(model) if self._step is not None else None
+        if self._step is not None:  # (made after fit ended: the step, traced on the thread, reads them)
+            _backend.record_state_sharding(model)
+        # The states the step takes, read now: Keras's JAX fit empties the variables while it trains.
+        self._states = _backend.train_state_specs(model) if self._step is not None else None
         self._sample = sample_batch
         self._requested: set[int] = set()
         self._traced: set[int] = set()  # sizes whose step is traced, by the thread or by training
@@ -141,9 +143,10 @@ class CompileAhead:
                                                               jax.dtypes.canonicalize_dtype(np.asarray(a).dtype)),
                     self._sample)
                 with self._tracing:
-                    lowered = self._step.lower(self._state, data)
+                    lowered = [self._step.lower(state, data) for state in self._states]
                     self._traced.add(size)
-                lowered.compile()
+                for each in lowered:
+                    each.compile()
                 self.compiled.add(size)
             except Exception as error:  # the step compiles on its first call instead
                 self.errors.append(f"minibatch size {size}: {type(error).__name__}: {error}")
@@ -167,7 +170,7 @@ class CompileAhead:
         self._stepped.set()  # (a thread waiting for training's first step: there is none to come)
         if self._thread is not None:
             self._drain()
-        self._step = self._state = self._sample = self._warm = None
+        self._step = self._states = self._sample = self._warm = None
 
     def _drain(self) -> None:
         while True:
