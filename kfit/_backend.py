@@ -504,9 +504,10 @@ def fit_batches_read_ahead(adapter: Any) -> int:
     """How many batches ``model.fit``'s own JAX loop over ``adapter`` has read beyond the one its step runs: Keras's
     ``JAXEpochIterator._get_iterator`` hands the step batches it read ahead (Keras 3.10-3.14: one; 3.15: one off CPU,
     none on CPU; none under a ``keras.distribution``). Asked of the class itself, over a pass of four batches: the
-    batches it read before it handed on the first. 0 off JAX (PyTorch's loop reads a batch as its step runs; on
-    TensorFlow, ``tf.data``'s prefetch reads ahead and kfit holds nothing back). Keras internal, checked against Keras
-    3.10.0, 3.11.3, 3.12.4, 3.13.2, 3.14.1 and 3.15.1."""
+    batches it read before it handed on the first (``fit``'s look at a first batch, to build the model, reads them
+    too). 0 off JAX (PyTorch's loop reads a batch as its step runs; on TensorFlow, ``tf.data``'s prefetch reads ahead
+    and kfit holds nothing back). Keras internal, checked against Keras 3.10.0, 3.11.3, 3.12.4, 3.13.2, 3.14.1 and
+    3.15.1."""
     if BACKEND != "jax":
         return 0
 

@@ -262,9 +262,10 @@ class SourceAdapter(_backend.DataAdapter):
             # Keras must not take its length for the source's.
             _backend.set_epoch_batches(self.inner.num_batches)
             self._resumed_pass = False
-        if not self.continues or (current is not None and current.done):
+        if not self.continues or self.ended_before(self.steps):
             # Keras opens a new pass for this epoch (on TensorFlow, lazily, once the first step runs), or, after
-            # the steps a resumed epoch had left, reads on in the same pass.
+            # the steps a resumed epoch had left, reads on in the same pass. (Not before every batch read has been
+            # trained: where Keras's JAX loop reads batches ahead, the pass's last one is still to train.)
             self._current = None
             if current is not None and current.exhausted:
                 self._underlying = None
@@ -607,7 +608,9 @@ class SourceAdapter(_backend.DataAdapter):
 
         Args:
             draws: read it from an iterator of its own, as Keras's own ``fit`` does before its first epoch while the
-                model is not built (``_backend.fit_reads_a_first_batch``). Otherwise a ``tf.data`` pipeline's first
+                model is not built (``_backend.fit_reads_a_first_batch``), with the batches its JAX loop's iterator
+                reads ahead of the one it hands on (``_backend.fit_batches_read_ahead``: a shuffle="batch" pass draws
+                an order for each). Otherwise a ``tf.data`` pipeline's first
                 pass begins here and the first epoch reads it from its start: kfit makes no iterator over the
                 pipeline (drawing its next shuffle seed) that ``model.fit`` would not make.
         """
@@ -625,7 +628,11 @@ class SourceAdapter(_backend.DataAdapter):
                                                  batch, none_is_leaf=False)
             elif first is None:
                 numpy_state = np.random.get_state() if shuffled_arrays and not draws else None
-                first = next(iter(self.inner.get_numpy_iterator()))
+                iterator = iter(self.inner.get_numpy_iterator())
+                first = next(iterator)
+                if draws:  # model.fit's look reads through its JAX loop's iterator, which reads batches ahead
+                    for _ in range(_backend.fit_batches_read_ahead(self.inner)):
+                        next(iterator, None)
                 if numpy_state is not None:  # (model.fit reads no batch here: its first pass draws the order)
                     np.random.set_state(numpy_state)
             if states is not None:
