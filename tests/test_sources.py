@@ -618,6 +618,19 @@ def test_an_endless_pydataset_trains_as_under_model_fit_and_resumes_by_skipping_
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_run_stopped_inside_an_epoch_of_a_pydataset_with_workers_leaves_no_thread_running():
+    """Keras's loop stops a PyDataset's enqueuer (its ``workers``) at an epoch's end only: a run stopped inside an
+    epoch (``max_samples``) would leave its threads running (``model.fit`` does, on TensorFlow), and the ``tf.data``
+    iterator reading them would stall a later garbage collection for seconds. kfit stops it as its run ends."""
+    import threading
+
+    before = set(threading.enumerate())
+    model = compiled(mlp(), keras.optimizers.SGD(0.01))
+    kfit.fit(model, _EndlessBatches(workers=2), epochs=3, steps_per_epoch=5, max_samples=60, verbose=0)
+    assert kfit.get_clock(model).samples == 66  # (the step that reaches max_samples ends the run, inside epoch 2)
+    assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []
+
+
 def test_list_inputs_and_targets_reach_the_model_as_under_model_fit():
     # Lists in the data (two inputs, two outputs): on TensorFlow, tf.data nests them as tuples, as Keras does.
     def model():

@@ -851,6 +851,8 @@ class _StreamFit:
             self.release_writes()
             if isinstance(adapter, StreamAdapter):
                 adapter.close()
+            elif self.source is not None:  # a run stopped inside an epoch: Keras's loop left its reader running
+                _backend.stop_epoch_reader(self.source.inner)
             self.adapter = None  # (it holds the steps compiled ahead: JAX's caches must let go of them)
             _run.end(self.run)
             _backend.set_initial_epoch(model, None)
