@@ -12,6 +12,7 @@ from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._model_fit import FitDriver, wake
 from kfit.callbacks._running_means import is_cut
 from kfit.clock import Clock
+from kfit.optimizers._hyperparameters import unwrapped
 
 
 def _as_hyperparameter_schedule(schedule: Any, kind: str, default_factory: Any, argument: str) -> Any:
@@ -28,16 +29,11 @@ def _as_hyperparameter_schedule(schedule: Any, kind: str, default_factory: Any, 
     return default_factory(schedule)
 
 
-def _inner(optimizer: Any) -> Any:
-    """The optimizer that holds the hyperparameters: a ``LossScaleOptimizer``'s (``mixed_float16``) inner one."""
-    return getattr(optimizer, "inner_optimizer", optimizer)
-
-
 def gradient_accumulation_steps(optimizer: Any) -> int:
     """How many steps the optimizer averages into one update (Keras's ``gradient_accumulation_steps``; 1 without;
     a ``LossScaleOptimizer``'s is its inner optimizer's)."""
     steps = getattr(optimizer, "gradient_accumulation_steps", None) or getattr(
-        _inner(optimizer), "gradient_accumulation_steps", None)
+        unwrapped(optimizer), "gradient_accumulation_steps", None)
     return int(steps) if steps else 1
 
 
@@ -331,7 +327,7 @@ class MomentumSchedule(_HyperparameterSchedule):
     def _target_variable(self, optimizer: Any) -> Any:
         from kfit.optimizers import hyperparameter_variable
 
-        inner = _inner(optimizer)
+        inner = unwrapped(optimizer)
         name = "beta_1" if hasattr(inner, "beta_1") and not hasattr(inner, "momentum") else "momentum"
         return hyperparameter_variable(optimizer, name)
 

@@ -112,7 +112,7 @@ def hyperparameter_variable(optimizer: keras.optimizers.Optimizer, name: str) ->
         )
     if not isinstance(name, str):
         raise TypeError(f"Argument `name` must be a string. Received: name={name!r}")
-    optimizer = _unwrap(optimizer)
+    optimizer = unwrapped(optimizer)
     if name == "learning_rate":
         return _learning_rate_variable(optimizer)
 
@@ -152,7 +152,7 @@ def minibatch_size_variable(optimizer: keras.optimizers.Optimizer) -> keras.Vari
     >>> float(variable.numpy())
     32.0
     """
-    value = getattr(_unwrap(optimizer), "minibatch_size", None)
+    value = getattr(unwrapped(optimizer), "minibatch_size", None)
     return value if _is_float_scalar_variable(value) else None
 
 
@@ -175,8 +175,9 @@ check_real = _checks.real
 
 check_bool = _checks.boolean
 
-def _unwrap(optimizer):
-    # LossScaleOptimizer delegates the learning rate but keeps the other hyperparameters inside.
+def unwrapped(optimizer):
+    """The optimizer that holds the hyperparameters: a ``LossScaleOptimizer``'s (``mixed_float16``) inner one (it
+    delegates the learning rate but keeps the other hyperparameters inside), else ``optimizer``."""
     return getattr(optimizer, "inner_optimizer", optimizer)
 
 
