@@ -74,3 +74,52 @@ def test_a_pydataset_worker_process_that_dies_ends_kfit_fit_with_an_error_that_s
     assert "was killed by signal SIGKILL while items were being fetched" in raised[1]
     assert "lower the dataset's `workers` or `max_queue_size`" in raised[1]
     assert out.splitlines()[-1] == "LEFT [] []"
+
+
+# A pool of worker processes ended (Pool.terminate: SIGTERM) while its processes start, in a training process whose
+# SIGTERM handler defers the signal (a Checkpoint's guard, which saves the run at the step's end): each process is
+# held 1 s just after the fork (before Pool runs its initializer), so the SIGTERM comes while it still has the
+# training process's handler. Prints the time close() took and the child processes left.
+_TERMINATED_AS_IT_STARTS = """
+import multiprocessing, os, time
+import numpy as np
+from kfit.checkpoint._signals import SignalGuard
+from kfit.data._items_ahead import ItemsAhead
+
+
+class Rows:
+    workers, use_multiprocessing, max_queue_size = 2, True, 4
+
+    def __getitem__(self, index):
+        return np.full(4, index)
+
+
+SignalGuard(on_signal=lambda signum: True).install()  # defers SIGTERM, as a Checkpoint's guard does
+os.register_at_fork(after_in_child=lambda: time.sleep(1))
+items = ItemsAhead(Rows())
+items.expect(iter([(0, i) for i in range(4)]))
+items._fill(0)  # starts the pool and asks for the first items
+start = time.monotonic()
+items.close()
+print("CLOSED", round(time.monotonic() - start, 1), multiprocessing.active_children(), flush=True)
+"""
+
+
+def test_a_worker_process_ended_as_it_starts_ends_even_under_a_checkpoints_signal_handler():
+    """A forked worker began with the training process's SIGTERM handler until its initializer replaced it: a
+    ``Pool.terminate`` (an epoch cut short just after the pool was made) in those first milliseconds was deferred by a
+    Checkpoint's handler, in a process that never saves, and terminate then waited for that worker forever (seen in CI:
+    a TensorFlow test hung in ``Pool._terminate_pool``'s join). Now a worker holds SIGTERM until its own handlers are
+    in place: close() returns once the workers end, and none is left."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    process = subprocess.Popen([sys.executable, "-c", _TERMINATED_AS_IT_STARTS], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the script and its worker processes
+        out, err = process.communicate()
+        raise AssertionError(f"closing the pool hung on a worker process; it printed:\n{out}\n{err[-3000:]}") from None
+    assert process.returncode == 0, err[-3000:]
+    closed = out.split()
+    assert closed[0] == "CLOSED" and float(closed[1]) < 10 and closed[2:] == ["[]"], out

@@ -15,6 +15,11 @@ result never comes, and Keras's ``OrderedEnqueuer`` waits for it forever (``mode
 read waiting for an item finds the dead process, ends the pool and raises a ``RuntimeError`` that says so. (Not where
 ``Pool.terminate`` itself waits forever, CPython's bpo-22393: a process killed while it held one of the pool's queue
 locks, waiting for a task or sending a result.)
+
+A worker process starts with SIGTERM and SIGINT blocked, until it has put its own handlers in place: forked, it would
+otherwise begin with the training process's (a ``Checkpoint``'s, which defers SIGTERM to save the run), and a
+``Pool.terminate`` in the first milliseconds of its life (an epoch cut short just after its pool was made) was then
+deferred by a process that never saves: the worker lived on, and ``terminate`` waited for it forever.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from collections.abc import Iterator
 from typing import Any
 
 _DATASET: Any = None  # a worker process's PyDataset
+#: The signals a worker process handles its own way (:func:`_init_worker`), blocked until it does.
+_WORKER_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+_MASKS = hasattr(signal, "pthread_sigmask")  # (not on Windows, which has no fork either)
 
 
 def _init_worker(dataset: Any) -> None:
@@ -37,6 +45,8 @@ def _init_worker(dataset: Any) -> None:
     # pool ends its workers with SIGTERM, and Ctrl-C is the training process's to handle.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if _MASKS:  # a SIGTERM sent before now (Pool.terminate) was held: it ends the process here
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _WORKER_SIGNALS)
 
 
 def _item(index: int) -> Any:
@@ -138,7 +148,14 @@ class ItemsAhead:
 
     def _new_pool(self) -> multiprocessing.pool.Pool:
         if self._processes:  # as Keras's OrderedEnqueuer: the default context, the dataset handed to each process
-            pool = multiprocessing.Pool(self._workers, initializer=_init_worker, initargs=(self._dataset,))
+            # Workers inherit this thread's signal mask (and the pool's threads, which start replacement workers, do
+            # too): blocked until _init_worker. The training process's signals go to its other threads meanwhile.
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, _WORKER_SIGNALS) if _MASKS else None
+            try:
+                pool = multiprocessing.Pool(self._workers, initializer=_init_worker, initargs=(self._dataset,))
+            finally:
+                if mask is not None:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             # Pool's list of its processes (``_pool``: a CPython internal, there since Python 2.6), as started.
             self._pool_processes = list(pool._pool)
             return pool
