@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 import warnings
@@ -355,6 +356,46 @@ def test_a_model_built_twice_in_one_process_loads_by_position(tmp_path):
         v.assign(keras.ops.zeros(v.shape, v.dtype))
     kfit.load_checkpoint(tmp_path / "c.ckpt", second)
     assert_same_state(first, second)
+
+
+def two_outputs():
+    """A functional model with two outputs named by Keras (``dense_4``, ``dense_5``): its logs are per output."""
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+    model = keras.Model(inputs, [keras.layers.Dense(1)(hidden), keras.layers.Dense(1)(hidden)])
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(learning_rate=0.01, momentum=0.9), loss=["mse", "mse"],
+                  metrics=[["mae"], ["mae"]])
+    return model
+
+
+def test_a_multi_output_model_built_again_in_one_process_resumes_its_history_under_its_new_names(tmp_path):
+    """The same model built again in one process (a notebook cell run again) gets new output names from Keras, and
+    the run resumed in it kept the checkpoint's per-output lists (dense_4_loss, 3 values) beside its own (dense_7_loss,
+    2): lists of different lengths, under names no run of this model logs. The restored lists now go on under this
+    run's names: the history is the uninterrupted run's, per output."""
+    x, y = data()
+    z = -y
+    options = dict(minibatch_size=8, epoch_size=60, seed=5, verbose=0, validation_data=(x[:20], [y[:20], z[:20]]))
+    reference = two_outputs()
+    expected = kfit.fit(reference, x, [y, z], epochs=4, **options)
+    path = tmp_path / "run.ckpt"
+    kfit.fit(two_outputs(), x, [y, z], epochs=4, max_samples=144, callbacks=[kfit.callbacks.Checkpoint(path)],
+             **options)  # stopped inside the third epoch
+    model = two_outputs()
+    history = kfit.fit(model, x, [y, z], epochs=4, callbacks=[kfit.callbacks.Checkpoint(path)], **options)
+
+    def by_position(model, history):  # the keys with each output named by its place: output_0_loss, val_output_1_mae
+        names = dict(zip(model.output_names, ("output_0", "output_1"), strict=True))
+        pattern = "|".join(sorted(names, key=len, reverse=True))
+        return {re.sub(f"({pattern})(?=_)", lambda match: names[match.group()], key): values
+                for key, values in history.history.items()}
+
+    assert set(model.output_names).isdisjoint(reference.output_names)
+    assert "val_" + model.output_names[1] + "_mae" in history.history
+    assert by_position(model, history) == by_position(reference, expected)
+    assert {len(values) for values in history.history.values()} == {4}
+    assert_same_state(reference, model)
 
 
 def test_loading_into_a_model_compiled_anew_says_nothing_of_a_misfit(tmp_path):

@@ -103,7 +103,7 @@ META: Spec = record({
     "backend": STR,
     "created": STR,
     "kfit_fit": BOOL,
-    "model": _NAMED,
+    "model": record({"name": STR, "class": STR}, {"outputs": list_of(STR)}),  # (older files: no outputs)
     "optimizer": optional(_NAMED),
     "variables": record({"model": list_of(STR), "optimizer": list_of(STR), "metrics": list_of(STR)}),
     "clock": optional(record({"samples": COUNT, "minibatches": COUNT},

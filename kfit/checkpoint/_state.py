@@ -366,7 +366,7 @@ def collect(parts: Run, buffers: dict | None = None, epoch: int | None = None,
         "backend": _backend.BACKEND,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "kfit_fit": parts.kfit_fit,
-        "model": {"name": model.name, "class": type(model).__name__},
+        "model": {"name": model.name, "class": type(model).__name__, "outputs": _output_names(model)},
         "optimizer": None if optimizer is None else {"name": optimizer.name, "class": type(optimizer).__name__},
         "variables": paths,
         "workers": {"count": workers, "metric_states": len(worker_metrics) if worker_metrics else 1},
@@ -384,6 +384,30 @@ def collect(parts: Run, buffers: dict | None = None, epoch: int | None = None,
 def _normalized(path: str) -> str:
     """``sequential_1/dense_2/kernel`` -> ``sequential/dense/kernel``: Keras numbers layers it auto-names."""
     return re.sub(r"_\d+(?=/|_|$)", "", path)
+
+
+def _output_names(model: Any) -> list[str]:
+    return list(getattr(model, "output_names", None) or [])
+
+
+def _history_under_these_outputs(history: dict, saved: list[str] | None, now: list[str]) -> dict:
+    """The restored history with its keys of the saved model's outputs (``dense_1_loss``, ``val_dense_1_mae``) under
+    this model's output names, where they differ only in Keras's automatic numbering (the same model built again in
+    one process, say by a notebook cell run again, names its outputs ``dense_4``...): its lists go on under the names
+    this run logs, as one run's would."""
+    renames = {old: new for old, new in zip(saved or [], now) if old != new}
+    if not renames or len(saved) != len(now) or any(_normalized(a) != _normalized(b) for a, b in zip(saved, now)):
+        return history
+    # An output's name begins a key, or follows a prefix ("val_"); the longest first ("my_dense_1" before "dense_1").
+    pattern = re.compile(r"(?<![^_])(" + "|".join(map(re.escape, sorted(renames, key=len, reverse=True))) + ")_")
+
+    def renamed(key: str) -> str:
+        return pattern.sub(lambda match: renames[match.group(1)] + "_", key, count=1)
+
+    history = dict(history, history={renamed(key): values for key, values in history["history"].items()})
+    if history.get("partial_keys") is not None:
+        history["partial_keys"] = [renamed(key) for key in history["partial_keys"]]
+    return history
 
 
 def _describe(path: str, shape: Any, dtype: str) -> str:
@@ -657,7 +681,8 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
     if unused:
         restore.notes.append(f"The checkpoint {file!r} holds the state of callbacks {unused}, which this run does not have.")
     if parts.history is not None and meta.get("history"):
-        restore.history = _decoded(meta["history"], arrays, file, "the history")
+        restore.history = _history_under_these_outputs(_decoded(meta["history"], arrays, file, "the history"),
+                                                       meta["model"].get("outputs"), _output_names(model))
     return restore
 
 
