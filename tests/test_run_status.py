@@ -8,7 +8,9 @@ shows.
 from __future__ import annotations
 
 import json
+import math
 import re
+import warnings
 
 import keras
 import pytest
@@ -253,10 +255,12 @@ def test_kfit_runs_lists_status_and_integrity(tmp_path, capsys):
 
 
 def test_a_changed_learning_rate_is_said_on_resume(tmp_path, capsys):
+    """A schedule built from a Python callable cannot be compared as such: the value it gives for the checkpoint's
+    last minibatch is (its config can: see the next test)."""
     path = str(tmp_path / "run.ckpt")
 
     def schedule(rate):
-        return kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(rate))
+        return kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(lambda samples: rate))
 
     with pytest.raises(RuntimeError):
         train(path, epochs=3, callbacks=[schedule(0.001), FailAtEpoch(1)], async_write=False)
@@ -268,6 +272,67 @@ def test_a_changed_learning_rate_is_said_on_resume(tmp_path, capsys):
     err = capsys.readouterr().err
     assert ("kfit: note: the learning rate schedule differs from the one the run trained with: it gives 0.032 for "
             "the checkpoint's last minibatch, which trained with 0.016. Training goes on with this script's schedule.") in err
+
+
+class ResetAtEpoch(keras.callbacks.Callback):
+    """Resets a LearningRateSchedule's schedule when epoch ``epoch`` begins (as kfit's ReduceLROnPlateau would)."""
+
+    def __init__(self, schedule, epoch, rate):
+        super().__init__()
+        self.schedule, self.epoch, self.rate = schedule, epoch, rate
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            self.schedule.reset_learning_rate(self.rate)
+
+
+def test_a_schedule_changed_in_code_is_named_on_resume_with_the_one_that_goes_on(tmp_path):
+    """The code's learning-rate and momentum schedules changed, in epochs the checkpoint had not reached: the resumed
+    run trained with the new ones without a word (the value for the checkpoint's last minibatch, which was compared,
+    is the same). Each is named now, with the checkpoint's, and the one the run goes on with; where the checkpointed
+    run had replaced its schedule (reset_learning_rate), that replacement goes on, and the note says so. The same
+    schedules say nothing."""
+    per_sample, time_constant = kfit.schedules.learning_rate_per_sample, kfit.schedules.momentum_as_time_constant
+
+    def schedules(rates, taus):
+        return [kfit.callbacks.LearningRateSchedule(per_sample(rates, epoch_size=64)),
+                kfit.callbacks.MomentumSchedule(time_constant(taus, epoch_size=64))]
+
+    def notes(caught):
+        return [str(w.message) for w in caught if "the schedule" in str(w.message)]
+
+    first = ([0.001, 0.0005], [0, 64])
+    for case, second in (("same", first), ("changed", ([0.001, 0.0005, 0.0002], [0, 64, 128])),
+                         ("reset", ([0.001, 0.0005, 0.0002], [0, 64]))):
+        path = str(tmp_path / case / "run.ckpt")
+        callbacks = schedules(*first)
+        reset = [ResetAtEpoch(callbacks[0], 1, 0.0003)] * (case == "reset")
+        with pytest.raises(RuntimeError):
+            train(path, epochs=3, callbacks=[*callbacks, *reset, FailAtEpoch(2)], async_write=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _, history, _, _ = train(path, epochs=3, callbacks=schedules(*second))
+        said = notes(caught)
+        if case == "same":
+            assert said == []
+            continue
+        rate = said[0]
+        assert rate.startswith("This code gives LearningRateSchedule 'learning_rate_schedule' the schedule "
+                               "HyperparameterSchedule(kind='learning_rate', unit='per_sample', schedule=PiecewiseConstant("
+                               "boundaries=[64, 128], values=[0.001, 0.0005, 0.0002]"), rate
+        assert f"the run that wrote the checkpoint {path!r} had HyperparameterSchedule(kind='learning_rate', " \
+            "unit='per_sample', schedule=PiecewiseConstant(boundaries=[64], values=[0.001, 0.0005]" in rate
+        if case == "changed":
+            assert len(said) == 2 and "The new schedule is used from here on" in rate
+            assert said[1].startswith("This code gives MomentumSchedule 'momentum_schedule' the schedule ")
+            assert "values=[0, 64, 128]" in said[1] and "values=[0, 64]" in said[1]
+            assert history.history["lr"][2] == pytest.approx(0.0002 * 16)  # the new schedules, as the notes say
+            assert history.history["momentum"][2] == pytest.approx(math.exp(-16 / 128))
+        else:
+            assert len(said) == 1 and "That run replaced it at sample 64 (by reset_learning_rate, which kfit's " \
+                "ReduceLROnPlateau calls) with HyperparameterSchedule(kind='learning_rate', unit='per_sample', " \
+                "schedule=Constant(value=0.0003)), which stays in force: the new schedule is not used." in rate, rate
+            assert history.history["lr"][2] == pytest.approx(0.0003 * 16)
 
 
 class StopAtStep(keras.callbacks.Callback):

@@ -229,3 +229,10 @@ class KfitCallback(keras.callbacks.Callback):
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restores :meth:`get_state`'s output."""
+
+    def restore_note(self, state: dict[str, Any], file: str) -> str | None:
+        """A note for the user when ``state`` is restored from the checkpoint ``file`` (None: nothing to say).
+
+        Shown once, with the resume's other notes: say, that this callback is configured otherwise than the one that
+        saved ``state``."""
+        return None

@@ -37,6 +37,14 @@ def gradient_accumulation_steps(optimizer: Any) -> int:
     return int(steps) if steps else 1
 
 
+def _config(schedule: Any) -> dict | None:
+    """The schedule's configuration; None for one built from a Python callable (it cannot be described as data)."""
+    try:
+        return schedule.get_config()
+    except TypeError:
+        return None
+
+
 class _HyperparameterSchedule(KfitCallback):
     """Sets one optimizer hyperparameter before every step from a schedule and the minibatch size."""
 
@@ -211,7 +219,37 @@ class _HyperparameterSchedule(KfitCallback):
                 {"samples": s, "minibatches": m, "schedule": schedule.get_config()} for s, m, schedule in self._resets
             ],
             "logged": None if self._logged is None else [self._logged, self._logged_size],
+            "schedule": _config(self.schedule),  # (for restore_note only: a resumed run uses the code's)
         }
+
+    def restore_note(self, state: dict[str, Any], file: str) -> str | None:
+        """What a restore of ``state`` from ``file`` tells the user: that this callback's schedule in code differs
+        from the one of the run that wrote the checkpoint, and which one the resumed run follows (None: the same
+        schedule, or one that cannot be compared, built from a Python callable)."""
+        from kfit import schedules
+
+        resets = state.get("resets") or []
+        try:
+            saved = None if state.get("schedule") is None else schedules.from_config(state["schedule"])
+            in_force = schedules.from_config(resets[-1]["schedule"]) if resets else None
+        except (TypeError, ValueError, KeyError):  # (a configuration this kfit cannot read: set_state will say)
+            return None
+        if saved is None or _config(self.schedule) is None or saved == self.schedule:
+            return None
+        reset = "reset_learning_rate" if self.kind == "learning_rate" else "reset_momentum"
+        said = (f"This code gives {type(self).__name__} {self.name!r} the schedule {self.schedule!r}; the run that "
+                f"wrote the checkpoint {file!r} had {saved!r}. ")
+        if in_force is not None:
+            return said + (
+                f"That run replaced it at sample {resets[-1]['samples']} (by {reset}"
+                + (", which kfit's ReduceLROnPlateau calls" if self.kind == "learning_rate" else "")
+                + f") with {in_force!r}, which stays in force: the new schedule is not used. To train with it, call "
+                f"{reset}(schedule) once the run has resumed (e.g. in a callback's on_epoch_begin; it then counts "
+                "from there), or start over (restore=False).")
+        return said + (
+            "The new schedule is used from here on, read at the restored clock as if it had held from the run's start. "
+            "To go on with the checkpoint's schedule, give the callback that schedule again; to train with the new one "
+            "from the start, start over (restore=False).")
 
     def set_state(self, state: dict[str, Any]) -> None:
         from kfit import schedules

@@ -110,7 +110,7 @@ def resume(run: Run, path: str, resume_finished: bool = False, params: dict | No
         warn_job(" ".join(damaged) + f" Falling back to the previous intact checkpoint: resumed from "
                       f"{file!r} (sample {info.samples}).", stacklevel=3)
     restored_epoch = start_epoch if start_epoch is not None else info.epoch
-    finished = _run_status.resume_or_finish(run, info, restored_epoch, resume_finished, params)
+    finished = _run_status.resume_or_finish(run, info, restored_epoch, resume_finished, params, noted=plan.noted)
     if finished:
         if saved_clock is not None and clock is not None:  # the final state: the clock where the run ended, not at
             clock.set_state(saved_clock)  # the epoch start where model.fit would have restarted that epoch

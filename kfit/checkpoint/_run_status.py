@@ -80,16 +80,18 @@ def _say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def changed_schedules(callbacks: list, info: Any) -> list[str]:
+def changed_schedules(callbacks: list, info: Any, noted: list = ()) -> list[str]:
     """Notes for the learning-rate and momentum schedules of this script that would not have given the
-    value the checkpoint's last minibatch trained with (the script was edited between the runs)."""
+    value the checkpoint's last minibatch trained with (the script was edited between the runs), but for those in
+    ``noted``: their restore note, which compares the schedules themselves, said so."""
     samples, minibatches, size = info.samples, info.minibatches, info.minibatch_size
     if samples is None or minibatches is None or not size or samples < size or minibatches < 1:
         return []
     notes = []
     for callback in callbacks:
         kind = getattr(callback, "kind", None)
-        if kind not in ("learning_rate", "momentum") or not hasattr(callback, "active_schedule"):
+        if kind not in ("learning_rate", "momentum") or not hasattr(callback, "active_schedule") or any(
+                callback is other for other in noted):
             continue
         names = ("learning_rate",) if kind == "learning_rate" else ("momentum", "beta_1")
         saved = next((info.hyperparameters[n] for n in names if n in info.hyperparameters), None)
@@ -111,8 +113,9 @@ def changed_schedules(callbacks: list, info: Any) -> list[str]:
 
 
 def resume_or_finish(run: Any, info: Any, restored_epoch: int | None, resume_finished: bool = False,
-                     params: dict | None = None) -> bool:
+                     params: dict | None = None, noted: list = ()) -> bool:
     """After a restore: print the resume line, or say that the run had finished and stop it before its first step.
+    (``noted``: the callbacks whose restore note has been given, see :func:`changed_schedules`.)
 
     Returns:
         True when the run had finished and this one trains nothing.
@@ -132,7 +135,7 @@ def resume_or_finish(run: Any, info: Any, restored_epoch: int | None, resume_fin
         if info.status == "complete":
             note = f"; the run was complete ({info.status_reason}): going on to the new end"
         _say(resume_line(info, restored_epoch) + note)
-        for line in changed_schedules(run.callbacks, info):
+        for line in changed_schedules(run.callbacks, info, noted):
             _say(line)
         return False
     why = info.status_reason if stopped else (info.status_reason if info.status == "complete" else reached)

@@ -482,6 +482,7 @@ class _Restore:
     clock_state: dict | None = None
     history: dict | None = None
     notes: list = field(default_factory=list)
+    noted: list = field(default_factory=list)  # the callbacks whose restore_note is among the notes
     file: str = ""
     reset_metrics: bool = False  # this worker's training metrics start from their reset state
 
@@ -674,7 +675,12 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
     keyed = stateful_callbacks(parts.callbacks)
     for key, callback in keyed.items():
         if key in saved_states:
-            restore.callback_states.append((callback, _decoded(saved_states[key], arrays, file, f"the state of {key!r}")))
+            state = _decoded(saved_states[key], arrays, file, f"the state of {key!r}")
+            restore.callback_states.append((callback, state))
+            note = callback.restore_note(state, file) if callable(getattr(callback, "restore_note", None)) else None
+            if note:
+                restore.notes.append(note)
+                restore.noted.append(callback)
         elif saved_states and callback.get_state():  # (a file saved without callbacks: no note for each)
             restore.notes.append(f"The checkpoint {file!r} holds no state for callback {key!r}: it starts afresh.")
     unused = sorted(set(saved_states) - set(keyed))
