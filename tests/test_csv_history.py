@@ -148,6 +148,38 @@ def test_a_run_continued_from_a_stop_inside_an_epoch_writes_the_uninterrupted_ru
         {k: v for k, v in r.items() if k != "time"} for r in whole]
 
 
+def test_a_multi_output_model_built_again_in_one_process_goes_on_in_its_columns(tmp_path):
+    """The same two-output model built again in one process (a notebook cell run again): Keras names its outputs anew
+    (dense_7 for dense_4), and the resumed run's rows went to new columns beside the checkpointed run's, each half
+    empty. The columns of the restored rows now take this run's names: the file is the uninterrupted run's, but for
+    the names."""
+    x, y = data()
+    targets = [y, (y == 0).astype("float32")]
+
+    def model():
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((4,))
+        hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+        built = keras.Model(inputs, [keras.layers.Dense(3)(hidden), keras.layers.Dense(1)(hidden)])
+        built.compile(optimizer=kfit.optimizers.MomentumSGD(learning_rate=0.05),
+                      loss=[keras.losses.SparseCategoricalCrossentropy(from_logits=True), "mse"])
+        return built
+
+    def run(directory, **options):
+        trained = model()
+        kfit.fit(trained, x, targets, minibatch_size=16, epochs=3, seed=0, verbose=0, callbacks=[
+            CSVHistory(directory / "history.csv"), kfit.callbacks.Checkpoint(str(directory / "run.ckpt"))], **options)
+        columns, rows = read(directory / "history.csv")
+        names = dict(zip(trained.output_names, ("output_0", "output_1"), strict=True))  # (the names by place)
+        columns = [names.get(c.removesuffix("_loss"), c.removesuffix("_loss")) for c in columns]
+        return columns, [[v for k, v in row.items() if k != "time"] for row in rows]
+
+    whole = run(tmp_path / "whole")
+    run(tmp_path / "resumed", max_samples=96)
+    assert run(tmp_path / "resumed") == whole
+    assert whole[0][4:7] == ["loss", "output_0", "output_1"]
+
+
 def test_under_model_fit_with_a_sample_clock(tmp_path):
     x, y = data(n=40)
     path = tmp_path / "history.csv"

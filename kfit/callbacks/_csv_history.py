@@ -44,8 +44,9 @@ class CSVHistory(KfitCallback):
     The file is the state. A resumed run (the clock restored from a checkpoint) first drops the rows written after
     the checkpoint's state was taken (those past the restored clock, which it will train again, and those at it:
     the epoch that a run stopped in the middle of wrote its row after its last step was saved) and appends from
-    there: no row is written twice, and the file is the uninterrupted run's. A run that starts from 0 in an
-    existing file therefore replaces that file's rows. Only the chief worker writes.
+    there: no row is written twice, and the file is the uninterrupted run's (where Keras named the outputs of a model
+    built again in one process anew, ``dense_4`` as ``dense_7``, their columns take the new names). A run that starts
+    from 0 in an existing file therefore replaces that file's rows. Only the chief worker writes.
 
     A row that cannot be written (a full disk, a read-only file system) stops training with an ``OSError`` naming
     the file and the cause, before the epoch's checkpoint is written; the file keeps whole rows only, and the run
@@ -112,7 +113,11 @@ class CSVHistory(KfitCallback):
         if "samples" not in columns:
             raise ValueError(f"{self.path} exists and is not a kfit CSV history (no `samples` column). Choose another path.")
         kept = [row for row in rows if _parse(row.get("samples")) <= samples][:restored]
-        if len(kept) != len(rows):
+        renamed = self.training_run.renamed_keys  # (Keras numbered the outputs anew: their columns go on)
+        if renamed is not None and any(renamed(c) != c for c in columns):
+            columns = [renamed(c) for c in columns]
+            self._rewrite(columns, [{renamed(k): v for k, v in row.items()} for row in kept])
+        elif len(kept) != len(rows):
             self._rewrite(columns, kept)
         self._columns = columns
         self._rows = len(kept)

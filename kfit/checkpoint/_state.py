@@ -390,20 +390,23 @@ def _output_names(model: Any) -> list[str]:
     return list(getattr(model, "output_names", None) or [])
 
 
-def _history_under_these_outputs(history: dict, saved: list[str] | None, now: list[str]) -> dict:
-    """The restored history with its keys of the saved model's outputs (``dense_1_loss``, ``val_dense_1_mae``) under
-    this model's output names, where they differ only in Keras's automatic numbering (the same model built again in
-    one process, say by a notebook cell run again, names its outputs ``dense_4``...): its lists go on under the names
-    this run logs, as one run's would."""
+def _renamed_outputs(saved: list[str] | None, now: list[str]) -> Any:
+    """The map of log keys of the saved model's outputs (``dense_1_loss``, ``val_dense_1_mae``) to this model's, where
+    their names differ only in Keras's automatic numbering (the same model built again in one process, say by a
+    notebook cell run again, names its outputs ``dense_4``...): a function of a key; None where none is renamed."""
     renames = {old: new for old, new in zip(saved or [], now) if old != new}
     if not renames or len(saved) != len(now) or any(_normalized(a) != _normalized(b) for a, b in zip(saved, now)):
-        return history
+        return None
     # An output's name begins a key, or follows a prefix ("val_"); the longest first ("my_dense_1" before "dense_1").
     pattern = re.compile(r"(?<![^_])(" + "|".join(map(re.escape, sorted(renames, key=len, reverse=True))) + ")_")
+    return lambda key: pattern.sub(lambda match: renames[match.group(1)] + "_", key, count=1)
 
-    def renamed(key: str) -> str:
-        return pattern.sub(lambda match: renames[match.group(1)] + "_", key, count=1)
 
+def _history_renamed(history: dict, renamed: Any) -> dict:
+    """The restored history with its keys renamed (:func:`_renamed_outputs`): its lists go on under the names this run
+    logs, as one run's would."""
+    if renamed is None:
+        return history
     history = dict(history, history={renamed(key): values for key, values in history["history"].items()})
     if history.get("partial_keys") is not None:
         history["partial_keys"] = [renamed(key) for key in history["partial_keys"]]
@@ -483,6 +486,7 @@ class _Restore:
     history: dict | None = None
     notes: list = field(default_factory=list)
     noted: list = field(default_factory=list)  # the callbacks whose restore_note is among the notes
+    renamed: Any = None  # the saved model's log keys -> this one's, where Keras renumbered its outputs
     file: str = ""
     reset_metrics: bool = False  # this worker's training metrics start from their reset state
 
@@ -686,9 +690,9 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
     unused = sorted(set(saved_states) - set(keyed))
     if unused:
         restore.notes.append(f"The checkpoint {file!r} holds the state of callbacks {unused}, which this run does not have.")
+    restore.renamed = _renamed_outputs(meta["model"].get("outputs"), _output_names(model))
     if parts.history is not None and meta.get("history"):
-        restore.history = _history_under_these_outputs(_decoded(meta["history"], arrays, file, "the history"),
-                                                       meta["model"].get("outputs"), _output_names(model))
+        restore.history = _history_renamed(_decoded(meta["history"], arrays, file, "the history"), restore.renamed)
     return restore
 
 
@@ -734,6 +738,7 @@ def apply_restore(parts: Run, restore: _Restore, meta: dict, arrays: dict, rando
         model.reset_metrics()
     for variable, array in restore.assignments:
         variable.assign(array)
+    parts.renamed_keys = restore.renamed
     if restore.history is not None:
         parts.history.history = {k: list(v) for k, v in restore.history["history"].items()}
         parts.history.epoch = list(restore.history["epoch"])
