@@ -624,8 +624,8 @@ class SourceAdapter(_backend.DataAdapter):
                 # Keras's PyTorch loop reads it from the adapter's DataLoader, whose sampler draws from torch's
                 # default generator (its NumPy iterator would draw from NumPy's, which model.fit does not touch).
                 batch = next(iter(self.inner.get_torch_dataloader()))
-                first = keras.tree.map_structure(lambda t: None if t is None else keras.ops.convert_to_numpy(t),
-                                                 batch, none_is_leaf=False)
+                # (None is a leaf, handed to the function: Keras 3.10 has no none_is_leaf argument)
+                first = keras.tree.map_structure(lambda t: None if t is None else keras.ops.convert_to_numpy(t), batch)
             elif first is None:
                 numpy_state = np.random.get_state() if shuffled_arrays and not draws else None
                 iterator = iter(self.inner.get_numpy_iterator())
