@@ -62,6 +62,14 @@ if BACKEND == "torch":
     torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(items):
+    """Marks ``jobs`` the tests that read their module's ``jobs`` fixture (the multi-worker scenario runs of
+    test_distributed.py and test_engines.py), so that a tier can leave them out (``-m "not jobs"``)."""
+    for item in items:
+        if "jobs" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.jobs)
+
+
 @pytest.fixture(autouse=True)
 def _seeded():
     """Every test starts from the same seeds and a clean Keras session (names, uids, global state).
