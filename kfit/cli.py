@@ -5,7 +5,8 @@ or stopped and why, hyperparameters, last metrics, every variable with its shape
 whether its checksums hold. The exit status is 0 for an intact file, 1 for a damaged or unreadable one.
 
 ``kfit runs DIR [--json]``: every checkpoint file under ``DIR`` (a run's output folder), one line each: its
-clock, the run's status and whether the file is intact. Exit status 1 when one of them is damaged.
+clock, the run's status and whether the file is intact. Exit status 1 when one of them is damaged. A checkpoint
+that is a link is shown with its target, and the numbered files beside that target follow it, wherever they are.
 
 ``kfit plot HISTORY.csv -o OUT.png``: plots a CSV history written by ``kfit.callbacks.CSVHistory``.
 
@@ -164,13 +165,25 @@ def find_checkpoints(directory: str) -> list[str]:
             if os.path.isfile(path) and _is_candidate(path, names):
                 found.append(path)
 
+    # The numbered twins of a PATH that is a link lie beside its target (kfit writes them there), which may be
+    # outside ``directory``: listed after the link, by their own paths.
+    twins: dict[str, tuple] = {}
+    seen = {os.path.realpath(path) for path in found}
+    for link in [path for path in found if os.path.islink(path)]:
+        for samples, file in _format.numbered_files(link):
+            if os.path.realpath(file) not in seen and os.path.isfile(file):
+                seen.add(os.path.realpath(file))
+                twins[file] = (link, 1, samples)
+
     def key(path: str) -> tuple:
         stem, _, suffix = path.rpartition(".")
+        if path in twins:
+            return twins[path]
         if suffix.isdigit():  # PATH.<samples>, after PATH (listed or not), by its number
             return (stem, 1, int(suffix))
         return (path, 0, 0)
 
-    return sorted(found, key=key)
+    return sorted(found + list(twins), key=key)
 
 
 def _run_row(path: str, verify: bool) -> dict[str, Any]:
@@ -184,6 +197,14 @@ def _run_row(path: str, verify: bool) -> dict[str, Any]:
     return {"path": path, "samples": info.samples, "epoch": info.epoch, "status": info.status,
             "status_reason": info.status_reason, "status_text": info.status_text(), "created": info.created,
             "intact": info.checksum_ok, "problem": info.problem}
+
+
+def _shown(path: str, directory: str) -> str:
+    """``path`` as ``kfit runs`` prints it: relative to ``directory`` when under it, else absolute; a link with
+    the file it points to (``run.ckpt -> /data/run.ckpt``)."""
+    inside = os.path.commonpath([os.path.abspath(path), os.path.abspath(directory)]) == os.path.abspath(directory)
+    shown = os.path.relpath(path, directory) if inside else os.path.abspath(path)
+    return printable(shown + (f" -> {os.path.realpath(path)}" if os.path.islink(path) else ""))
 
 
 def _runs(args: argparse.Namespace) -> int:
@@ -202,7 +223,7 @@ def _runs(args: argparse.Namespace) -> int:
     for row in rows:
         intact = {True: "ok", False: "DAMAGED", None: "not checked"}[row["intact"]]
         table.append((
-            printable(os.path.relpath(row["path"], args.directory)),
+            _shown(row["path"], args.directory),
             "-" if row["samples"] is None else str(row["samples"]),
             "-" if row["epoch"] is None else str(row["epoch"]),
             printable(row["status_text"]), intact, printable(row["created"] or "-"),
@@ -212,7 +233,7 @@ def _runs(args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(width) for cell, width in zip(r, widths)).rstrip())
     for row in rows:
         if row["problem"]:
-            print(f"{printable(os.path.relpath(row['path'], args.directory))}: {printable(row['problem'])}", file=sys.stderr)
+            print(f"{_shown(row['path'], args.directory)}: {printable(row['problem'])}", file=sys.stderr)
     return 1 if damaged else 0
 
 

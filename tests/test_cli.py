@@ -130,6 +130,37 @@ def test_runs_lists_checkpoints_damaged_at_their_start_and_no_other_hdf5_files(t
     assert [os.path.basename(row["path"]) for row in rows][:3] == ["model.ckpt.32", "model.ckpt.64", "model.ckpt.128"]
 
 
+def test_runs_lists_the_numbered_files_beside_a_linked_checkpoints_target(tmp_path, capsys):
+    """run/model.ckpt -> data/model.ckpt (a run folder linked to a larger disk): kfit writes the numbered files
+    beside the target, outside the folder listed. They are the run's history, so `kfit runs run` lists them
+    after the link, with where they are; the link shows its target."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "data").mkdir()
+    link = tmp_path / "run" / "model.ckpt"
+    os.symlink(tmp_path / "data" / "model.ckpt", link)
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((32, 3), "float32"), np.zeros((32, 2), "float32")
+    kfit.fit(model, x, y, minibatch_size=8, epochs=3, seed=0, verbose=0,
+             callbacks=[kfit.callbacks.Checkpoint(link, keep=3, async_write=False)])
+    assert sorted(os.listdir(tmp_path / "data")) == ["model.ckpt", "model.ckpt.32", "model.ckpt.64", "model.ckpt.96"]
+    assert cli(["runs", "--json", str(tmp_path / "run")]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    twins = [str(tmp_path / "data" / f"model.ckpt.{n}") for n in (32, 64, 96)]
+    assert [(row["path"], row["samples"], row["intact"]) for row in rows] == [
+        (str(link), 96, True), (twins[0], 32, True), (twins[1], 64, True), (twins[2], 96, True)]
+    assert cli(["runs", str(tmp_path / "run")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("  ")[0] for line in lines[1:]] == [f"model.ckpt -> {tmp_path / 'data' / 'model.ckpt'}",
+                                                            *twins]
+    os.symlink(tmp_path / "data" / "model.ckpt", tmp_path / "data" / "latest.ckpt")  # a link inside the folder:
+    assert cli(["runs", "--json", str(tmp_path)]) == 0  # each file once
+    paths = [row["path"] for row in json.loads(capsys.readouterr().out)]
+    assert sorted(paths) == sorted([str(tmp_path / "data" / "latest.ckpt"), str(tmp_path / "data" / "model.ckpt"),
+                                    *twins, str(link)])
+
+
 @pytest.mark.parametrize("content, message", [
     (b"kind,samples,loss\nepoch,10,0.5\xff\xfe\n", "is not UTF-8 text (byte 0xff at offset 30)"),
     (b"", "is empty"),
