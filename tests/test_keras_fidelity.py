@@ -1218,6 +1218,40 @@ def test_validation_split_of_a_string_tensor_trains_as_in_model_fit():
             np.testing.assert_allclose(history.history[key], values, rtol=1e-6)
 
 
+@pytest.mark.parametrize("form", ["str 1-D", "str 2-D", "object of str 1-D", "object of str 2-D", "bytes 1-D"])
+def test_text_as_numpy_arrays_trains_or_is_refused_as_in_model_fit(form):
+    """Text in NumPy arrays, for a model that looks its words up itself: model.fit refuses every such array ("Invalid
+    dtype: str32"), except on TensorFlow a 1-D object array of Python str (Keras makes it a tf.string tensor). kfit's
+    own loop read them all on TensorFlow (training where model.fit refuses) and failed at the first step on JAX with
+    JAX's TypeError. Now it trains to the same weights where model.fit trains and refuses with a ValueError naming
+    Keras's reason where model.fit refuses."""
+    words = np.array(["red", "green", "blue", "cyan"])[np.random.default_rng(0).integers(0, 4, size=24)]
+    x = {"str": words, "object of str": words.astype(object), "bytes": words.astype(bytes)}[form.rsplit(" ", 1)[0]]
+    x = x[:, None] if form.endswith("2-D") else x
+    y = (words == "red").astype("float32")[:, None]
+
+    def train(loop):
+        keras.utils.set_random_seed(6)
+        inputs = keras.Input(x.shape[1:], dtype="string")
+        hot = keras.layers.StringLookup(vocabulary=["red", "green", "blue"], output_mode="one_hot")(inputs)
+        model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(hot)))
+        model.compile(optimizer="sgd", loss="mse")
+        fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+        return model, fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+
+    try:
+        expected, expected_history = train("model.fit")
+    except ValueError as refusal:
+        assert str(refusal).startswith("Invalid dtype:")
+        with pytest.raises(ValueError, match=f"Invalid value for argument `x`: .*\\({refusal}\\)"):
+            train("kfit.fit")
+        return
+    assert keras.backend.backend() == "tensorflow" and form == "object of str 1-D"
+    looped, history = train("kfit.fit")
+    assert_same_weights(expected, looped)
+    np.testing.assert_allclose(history.history["loss"], expected_history.history["loss"], rtol=1e-6)
+
+
 class ValidationSteps(keras.callbacks.Callback):
     """Counts the steps of each validation."""
 

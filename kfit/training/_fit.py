@@ -60,6 +60,27 @@ def _split_validation(x: Any, y: Any, sample_weight: Any, split: float) -> tuple
     return train, val
 
 
+def _check_dtypes(x: Any, y: Any, sample_weight: Any) -> None:
+    """Refuses the arrays ``model.fit`` refuses for their dtype (text as a NumPy ``str``, bytes or object array), with
+    Keras's reason: Keras's array adapter (``array_slicing.convert_to_sliceable``, checked against Keras 3.15.1) takes
+    Keras's dtypes only ("Invalid dtype: str32"), and on TensorFlow an object array of Python ``str`` (one per row),
+    which it makes a ``tf.string`` tensor. kfit's stream read the others on TensorFlow, and failed at the first step
+    on JAX."""
+    for name, part in zip(("x", "y", "sample_weight"), (x, y, sample_weight)):
+        for leaf in flatten(part) if part is not None else []:
+            dtype = getattr(leaf, "dtype", None)
+            if not isinstance(dtype, np.dtype) or (_backend.BACKEND == "tensorflow" and dtype.kind == "O"
+                                                   and all(isinstance(row, str) for row in leaf)):
+                continue
+            try:
+                keras.backend.standardize_dtype(dtype)
+            except ValueError as error:
+                text = ("text as a tf.string tensor or a 1-D object array of Python str" if _backend.BACKEND ==
+                        "tensorflow" else "text as ids (say from a StringLookup layer applied before training)")
+                raise ValueError(f"Invalid value for argument `{name}`: an array of dtype {dtype} ({error}), which "
+                                 f"model.fit refuses too. Give numbers, or {text}.") from None
+
+
 def _class_weights(y: Any, class_weight: dict) -> np.ndarray:
     if keras.tree.is_nested(y):  # Keras's rule: a list or dict of targets is refused, even of one array
         raise ValueError("`class_weight` is only supported for models with a single output, given `y` as one array "
@@ -611,6 +632,7 @@ class _StreamFit:
                                           rank=distributed.rank(), num_workers=distributed.size())
             self.stream.telling = False  # until the first epoch begins (StreamAdapter(source=...))
         else:
+            _check_dtypes(x, y, sample_weight)
             if o.validation_split and validation_data is None:
                 # (before to_host: the validation rows keep their type, a tf.string tensor, which Keras's adapter reads
                 # and refuses as a NumPy object array)
