@@ -83,7 +83,10 @@ class Prefetcher:
         return item
 
     def close(self) -> None:
-        """Stops the reader thread and drops what it read ahead."""
+        """Stops the reader thread, once a read in progress has ended, and drops what it read ahead.
+
+        A read left running would go on beside the next epoch's reads (in the dataset's code and the stream's state),
+        and after ``fit`` returns."""
         self._stop.set()
         if self._thread is not None:
             while True:
@@ -91,5 +94,6 @@ class Prefetcher:
                     self._queue.get_nowait()
                 except queue.Empty:
                     break
-            self._thread.join(timeout=5)
+            if self._thread is not threading.current_thread():
+                self._thread.join()
             self._thread = None
