@@ -4,7 +4,7 @@ import h5py
 import numpy as np
 import pytest
 
-from kfit.data import Prefetcher, SampleStream, share
+from kfit.data import Prefetcher, PrefetcherClosed, SampleStream, share
 
 
 def sequential_positions(stream, sizes):
@@ -127,6 +127,38 @@ def test_prefetcher_reads_ahead_and_survives_a_mispredicted_position():
         prefetcher.close()
     with pytest.raises(ValueError, match="`prefetch`"):
         Prefetcher(stream.read, iter([]), depth=-1)
+
+
+def test_a_get_waiting_when_the_prefetcher_is_closed_on_another_thread_ends():
+    """A tf.data iterator's generator thread waiting in ``get`` for a minibatch when the run ended (``close`` on the
+    trainer's thread, the read in flight dropped) waited forever, and the iterator's destructor, in a later garbage
+    collection on the trainer's thread, waited for it (seen in CI: the TensorFlow tests hung). Now that ``get``
+    raises PrefetcherClosed, which ends the generator, and nothing is read after close."""
+    import threading
+
+    release, reads = threading.Event(), []
+
+    def read(start, size):
+        reads.append(start)
+        release.wait(10)  # the read in flight when the run ends
+        return start
+
+    prefetcher = Prefetcher(read, iter([(0, 1), (1, 1)]), depth=1)
+    outcome = []
+
+    def consume():
+        try:
+            outcome.append(prefetcher.get(0, 1))
+        except PrefetcherClosed as error:
+            outcome.append(error)
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    threading.Timer(0.3, release.set).start()
+    prefetcher.close()  # waits for the read in flight, then drops it
+    consumer.join(timeout=5)
+    assert not consumer.is_alive() and len(outcome) == 1 and isinstance(outcome[0], PrefetcherClosed), outcome
+    assert reads == [0]
 
 
 class Batches(__import__("keras").utils.PyDataset):

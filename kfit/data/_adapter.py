@@ -30,7 +30,7 @@ import numpy as np
 
 from kfit import _backend
 from kfit.data import _epochs_ahead
-from kfit.data._prefetch import Prefetcher
+from kfit.data._prefetch import Prefetcher, PrefetcherClosed
 
 #: ``0`` turns reading ahead across epochs off (``kfit.data._epochs_ahead``): each epoch starts its own reader.
 READ_AHEAD_VARIABLE = "KFIT_READ_AHEAD"
@@ -249,12 +249,15 @@ class StreamAdapter(_backend.DataAdapter):
     def _chained_batches(self, chain: _epochs_ahead.EpochChain, convert: Callable[[Any], Any]) -> Iterator[Any]:
         """Every minibatch of ``chain``'s epochs, for one tf.data iterator (its reader starts with it)."""
         reader = self._start_reader(chain, convert)
-        for reading, plan in chain.read_epochs():
-            if self._pad is None:
-                for start, size in plan:
-                    yield reader.get(start, size)
-            else:
-                yield from self._padded(plan, (reader.get(start, size) for start, size in plan), reading[1])
+        try:
+            for reading, plan in chain.read_epochs():
+                if self._pad is None:
+                    for start, size in plan:
+                        yield reader.get(start, size)
+                else:
+                    yield from self._padded(plan, (reader.get(start, size) for start, size in plan), reading[1])
+        except PrefetcherClosed:  # the run ended while the iterator waited: it ends too
+            return
 
     def on_epoch_end(self) -> None:
         # An epoch that did not run to its end leaves its reader short of where the next one begins.
@@ -290,16 +293,18 @@ class StreamAdapter(_backend.DataAdapter):
             # One reader for the whole fit call: it reads the next epoch's plan, then its first minibatches, ahead.
             if self._reader is None:
                 self._start_reader(self._start_chain(), convert)
-            for start, size in plan:
-                yield self._reader.get(start, size)
-            return
-        prefetcher = Prefetcher(self._packed(convert), iter(plan), depth=self._prefetch)
-        self._prefetchers.append(prefetcher)
+            reader, own = self._reader, False
+        else:
+            reader, own = Prefetcher(self._packed(convert), iter(plan), depth=self._prefetch), True
+            self._prefetchers.append(reader)
         try:
             for start, size in plan:
-                yield prefetcher.get(start, size)
+                yield reader.get(start, size)
+        except PrefetcherClosed:  # the run ended while the iterator waited: it ends too
+            return
         finally:
-            prefetcher.close()
+            if own:
+                reader.close()
 
     def get_numpy_iterator(self) -> Iterator[Any]:
         return self._batches(lambda batch: batch)

@@ -15,6 +15,11 @@ from typing import Any
 _STOP = object()
 
 
+class PrefetcherClosed(RuntimeError):
+    """Raised by :meth:`Prefetcher.get` waiting for a minibatch when :meth:`Prefetcher.close` (called on another
+    thread: the run ended) stopped the reading: the minibatch will not come, and nothing will take it."""
+
+
 class Prefetcher:
     """Reads ``read(start, size)`` for each ``(start, size)`` of ``plan`` ahead of :meth:`get`.
 
@@ -68,10 +73,23 @@ class Prefetcher:
         return self._thread is not None and not self._stop.is_set()
 
     def get(self, start: int, size: int) -> Any:
-        """The minibatch at ``(start, size)``: from the queue when it was predicted, else read now."""
+        """The minibatch at ``(start, size)``: from the queue when it was predicted, else read now.
+
+        Raises:
+            PrefetcherClosed: :meth:`close` was called on another thread while this waited.
+        """
         if self._thread is None:
             return self._read(start, size)
-        got_start, got_size, item = self._queue.get()
+        while True:
+            try:
+                got_start, got_size, item = self._queue.get(timeout=0.1)
+                break
+            except queue.Empty:
+                # (a tf.data iterator's generator thread waits here; closed, it must end, or the iterator's
+                # destructor, in a garbage collection on the trainer's thread, waits for it forever)
+                if self._stop.is_set():
+                    raise PrefetcherClosed(f"The reader was closed while the minibatch at sample {start} (of "
+                                           f"{size}) was awaited.") from None
         if got_start is None:
             if isinstance(item, BaseException):
                 raise item
