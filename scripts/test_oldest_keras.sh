@@ -18,12 +18,12 @@ if [ ! -x "$venv/bin/python" ]; then
   "$PYTHON" -m venv "$venv"
 fi
 stamp="$venv/.kfit-installed"
-filled="$keras_min with pytest-xdist and grain"  # (what the stamp says was installed)
+filled="$keras_min with pytest-xdist, pytest-timeout and grain"  # (what the stamp says was installed)
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$filled" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
   # torch==2.13.0 is the CPU build; an unpinned torch would pull a multi-GB CUDA build.
   "$venv/bin/python" -m pip install -q "keras==$keras_min" "tensorflow-cpu<2.21" "jax[cpu]" "torch==2.13.0" \
-    h5py numpy pytest pytest-xdist scikit-learn grain
+    h5py numpy pytest pytest-xdist pytest-timeout scikit-learn grain
   echo "$filled" >"$stamp"
 fi
 "$venv/bin/python" -c "import keras; print('Oldest Keras:', keras.__version__)"
