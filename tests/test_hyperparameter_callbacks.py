@@ -406,6 +406,42 @@ def test_reset_learning_rate_mid_run_and_its_state():
     assert fresh.active_schedule(15)[0].value(0) == pytest.approx(0.01)
 
 
+@pytest.mark.parametrize("kind", ["learning_rate", "momentum"])
+def test_a_reset_to_a_python_callable_in_a_run_that_checkpoints_is_refused_at_the_reset(kind, tmp_path):
+    """A checkpoint saves the schedule in force, and one built from a Python callable cannot be saved: the reset
+    was accepted and the next save failed ("cannot be serialized"), a run ended by its own checkpoint. It is refused
+    at the reset now, naming the argument and what works; the checkpoint before it resumes, and the same reset in a
+    run without a checkpoint still works."""
+    x, y = regression_data(32)
+    path = str(tmp_path / "run.ckpt")
+    initial = {"learning_rate": kfit.schedules.learning_rate_per_sample(0.01),
+               "momentum": kfit.schedules.momentum_as_time_constant(0)}[kind]
+    callable_reset, value_reset = {"learning_rate": (lambda samples: 0.005, 0.005), "momentum": (lambda samples: 64, 64)}[kind]
+    method = {"learning_rate": "reset_learning_rate", "momentum": "reset_momentum"}[kind]
+
+    def train(values, *checkpoint):
+        keras.utils.set_random_seed(0)
+        schedule = (kfit.callbacks.LearningRateSchedule if kind == "learning_rate" else kfit.callbacks.MomentumSchedule)(initial)
+
+        class ResetAtEpoch1(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                if epoch == 1:
+                    getattr(schedule, method)(values)
+
+        return kfit.fit(_sgd_mlp(), x, y, minibatch_size=16, epochs=2, seed=0, verbose=0,
+                        callbacks=[schedule, ResetAtEpoch1(), *checkpoint])
+
+    with pytest.raises(TypeError, match=rf"argument `values` of {method}: a schedule built from a Python callable "
+                       r"cannot be saved, and this run writes checkpoints.*Give a value, a list of values, or a schedule"):
+        train(callable_reset, kfit.callbacks.Checkpoint(path, async_write=False))
+    assert kfit.checkpoint.read_checkpoint_info(path).samples == 32  # the last checkpoint, before the reset
+    resumed = train(value_reset, kfit.callbacks.Checkpoint(path, async_write=False))
+    assert kfit.checkpoint.read_checkpoint_info(path).samples == 64
+    unsaved = train(callable_reset)  # (nothing to save it in: the callable is used)
+    log = "lr" if kind == "learning_rate" else "momentum"
+    assert unsaved.history[log][1] == pytest.approx(resumed.history[log][1]) != unsaved.history[log][0]
+
+
 def test_hyperparameters_a_keras_optimizer_compiles_in_are_refused():
     x, y = regression_data(16)
     model = mlp()

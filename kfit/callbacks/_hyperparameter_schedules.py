@@ -50,6 +50,7 @@ class _HyperparameterSchedule(KfitCallback):
 
     kind = ""
     log_key = ""
+    reset_method = ""  # the public name of reset()
 
     def __init__(self, schedule: Any, name: str | None = None, verbose: int = 0):
         super().__init__(name=name)
@@ -100,12 +101,22 @@ class _HyperparameterSchedule(KfitCallback):
 
         Args:
             values: a schedule of this kind, or values/a list in the unit of the current schedule.
+
+        Raises:
+            TypeError: the new schedule is built from a Python callable and the run writes checkpoints (a checkpoint
+                holds the schedule in force, and a callable cannot be saved).
         """
         from kfit import schedules
 
         schedule = values if isinstance(values, schedules.HyperparameterSchedule) else self.schedule.with_schedule(values)
         if schedule.kind != self.schedule.kind:
             raise ValueError(f"Invalid value for argument `values`: expected a {self.schedule.kind} schedule. Received: {schedule!r}")
+        if _config(schedule) is None and any(getattr(c, "writes_checkpoints", False) for c in self.training_run.callbacks):
+            raise TypeError(
+                f"Invalid value for argument `values` of {self.reset_method}: a schedule built from a Python callable "
+                f"cannot be saved, and this run writes checkpoints, which hold the schedule in force (a resumed run "
+                f"goes on with it). Received: values={values!r}. Give a value, a list of values, or a schedule built "
+                "from kfit.schedules shapes (piecewise_constant, linear_warmup, cosine_decay, join, ...).")
         clock = self.clock
         self._resets = [r for r in self._resets if r[0] < clock.samples]
         self._resets.append((clock.samples, clock.minibatches, schedule))
@@ -236,7 +247,7 @@ class _HyperparameterSchedule(KfitCallback):
             return None
         if saved is None or _config(self.schedule) is None or saved == self.schedule:
             return None
-        reset = "reset_learning_rate" if self.kind == "learning_rate" else "reset_momentum"
+        reset = self.reset_method
         said = (f"This code gives {type(self).__name__} {self.name!r} the schedule {self.schedule!r}; the run that "
                 f"wrote the checkpoint {file!r} had {saved!r}. ")
         if in_force is not None:
@@ -291,6 +302,7 @@ class LearningRateSchedule(_HyperparameterSchedule):
     default_name = "learning_rate_schedule"
     kind = "learning_rate"
     log_key = "lr"
+    reset_method = "reset_learning_rate"
 
     def _coerce(self, schedule: Any, argument: str) -> Any:
         from kfit import schedules
@@ -310,7 +322,11 @@ class LearningRateSchedule(_HyperparameterSchedule):
         """Sets a new learning-rate schedule from now on (CNTK's ``learner.reset_learning_rate``).
 
         Args:
-            values: a learning-rate schedule, or a value/list in the unit of the current schedule.
+            values: a learning-rate schedule, or a value/list in the unit of the current schedule (a Python
+                callable only in a run without a checkpoint: a checkpoint saves the schedule in force).
+
+        Raises:
+            TypeError: ``values`` is built from a Python callable and the run writes checkpoints.
         """
         self.reset(values)
 
@@ -356,6 +372,7 @@ class MomentumSchedule(_HyperparameterSchedule):
     default_name = "momentum_schedule"
     kind = "momentum"
     log_key = "momentum"
+    reset_method = "reset_momentum"
 
     def _coerce(self, schedule: Any, argument: str) -> Any:
         from kfit import schedules
@@ -374,5 +391,13 @@ class MomentumSchedule(_HyperparameterSchedule):
         return self.value()
 
     def reset_momentum(self, values: Any) -> None:
-        """Sets a new momentum schedule from now on."""
+        """Sets a new momentum schedule from now on.
+
+        Args:
+            values: a momentum schedule, or a value/list in the unit of the current schedule (a Python callable
+                only in a run without a checkpoint: a checkpoint saves the schedule in force).
+
+        Raises:
+            TypeError: ``values`` is built from a Python callable and the run writes checkpoints.
+        """
         self.reset(values)
