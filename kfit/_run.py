@@ -26,6 +26,8 @@ from kfit.clock import Clock
 
 _CURRENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its run in progress
 _LAST_CLOCK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the clock of its last run
+# optimizer -> its scalar variables as the code set them for its last run, and as that run left them
+_LAST_HYPERPARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class RunLoop:
@@ -149,7 +151,7 @@ class Run:
     #: taken at a step they all save at holds every worker's training-metric state (``Checkpoint.on_step_end``).
     gathers_worker_metrics: bool = False
     #: The optimizer's scalar variables (``learning_rate``, ...) as the code set them, before a restore (recorded in
-    #: each checkpoint: a resume under other values in code is warned about).
+    #: each checkpoint: a resume under other values in code is warned about; see :func:`hyperparameters_set_in_code`).
     hyperparameters_in_code: dict | None = None
 
     @property
@@ -229,6 +231,26 @@ def end(run: Run) -> None:
         run.driver = None
     if run.clock is not None:
         _LAST_CLOCK[run.model] = run.clock
+    optimizer = getattr(run.model, "optimizer", None)
+    if run.hyperparameters_in_code is not None and optimizer is not None:  # (read by the run's restore step)
+        from kfit.checkpoint._state import hyperparameters
+
+        _LAST_HYPERPARAMETERS[optimizer] = (run.hyperparameters_in_code, hyperparameters(optimizer.variables))
+
+
+def hyperparameters_set_in_code(optimizer: Any, now: dict) -> dict:
+    """The scalar variables of ``optimizer`` (``learning_rate``, ...) as the code set them, given their values ``now``
+    as a run begins: a value the optimizer's last run left (moved by a schedule, the clock or a restore) is the one
+    that run had in code, so that a second run on the same model records what a first one does; a value assigned
+    since is the code's."""
+    try:
+        last = _LAST_HYPERPARAMETERS.get(optimizer)
+    except TypeError:  # (None, or not weak-referenceable: never trained)
+        last = None
+    if last is None:
+        return now
+    in_code, left = last
+    return {name: in_code[name] if name in in_code and left.get(name) == value else value for name, value in now.items()}
 
 
 def current_run(model: Any) -> Run | None:

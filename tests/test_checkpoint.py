@@ -178,6 +178,62 @@ def test_a_resume_under_another_learning_rate_in_code_says_the_checkpoints_is_re
         assert_matches_reference(model, history, reference)
 
 
+class _CrashAtEpoch(keras.callbacks.Callback):
+    def __init__(self, epoch, step=0):
+        super().__init__()
+        self.epoch, self.step = epoch, step
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.now = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.now == self.epoch and batch == self.step:
+            raise RuntimeError("crash")
+
+
+@pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])
+def test_a_second_run_on_the_same_model_records_the_learning_rate_in_code_as_a_first_run(tmp_path, loop):
+    """The first run's schedule left the optimizer's learning rate (and the clock its minibatch_size) moved; the second
+    run on the same model recorded those as set in code, and its resume in a model built anew (a new process, the same
+    code) said the code had changed them. A value the last run left is now the one that run had in code; a value the
+    user assigned since still is the code's (and is named). Under kfit.fit a rerun of the same model after a crash
+    resumes without a note as well (Keras tells no callback of a model.fit that raised)."""
+    x, y = data(96)
+    schedule = kfit.schedules.learning_rate_per_sample([0.001, 0.0005], epoch_size=96)
+
+    def fit(model, *callbacks):
+        lr = kfit.callbacks.LearningRateSchedule(schedule)
+        if loop == "kfit.fit":
+            return kfit.fit(model, x, y, minibatch_size=16, epochs=3, seed=0, verbose=0, callbacks=[lr, *callbacks])
+        clock = kfit.callbacks.SampleClock(batch_size=16, num_samples=96)
+        return model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0, callbacks=[clock, lr, *callbacks])
+
+    def notes(model, path, *crash):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                fit(model, kfit.callbacks.Checkpoint(path, async_write=False), *crash)
+            except RuntimeError as error:
+                assert crash and str(error) == "crash"
+        return [str(w.message) for w in caught if "optimizer's" in str(w.message)]
+
+    for assigned in (None, 0.02):
+        path = tmp_path / str(assigned) / "run.ckpt"
+        model = make_model()
+        fit(model)
+        if assigned is not None:
+            model.optimizer.learning_rate.assign(assigned)
+        notes(model, path, _CrashAtEpoch(1, step=2))  # (the learning rate moves past the checkpoint's)
+        if loop == "kfit.fit":
+            assert notes(model, path, _CrashAtEpoch(2)) == []  # the same model, rerun
+        said = notes(make_model(), path)
+        if assigned is None:
+            assert said == []
+        else:
+            assert len(said) == 1 and "This code sets the optimizer's learning_rate=0.01; the run that wrote the " \
+                "checkpoint" in said[0] and "set learning_rate=0.02, and the checkpoint's learning_rate=" in said[0], said
+
+
 def test_a_checkpoint_of_another_keras_version_is_restored_with_a_warning_naming_both(tmp_path):
     """The file records the Keras version that wrote it; a restore under another one said nothing."""
     x, y = data()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kfit import _backend
-from kfit._run import Run
+from kfit._run import Run, hyperparameters_set_in_code
 from kfit.checkpoint import CheckpointInfo, _format, _info, _run_status, _state
 from kfit.checkpoint._format import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
 from kfit.distributed._notices import warn_job
@@ -53,7 +53,8 @@ def restore_run(run: Run) -> bool:
         True when a restored run had finished (complete, or stopped by a callback): this run trains nothing.
     """
     finished = False
-    run.hyperparameters_in_code = _state.hyperparameters(_state.model_variables(run.model)["optimizer"])
+    run.hyperparameters_in_code = hyperparameters_set_in_code(
+        getattr(run.model, "optimizer", None), _state.hyperparameters(_state.model_variables(run.model)["optimizer"]))
     for callback in run.callbacks:
         if not getattr(callback, "writes_checkpoints", False) or not callback.restore:
             continue

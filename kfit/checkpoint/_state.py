@@ -609,7 +609,7 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
     variables = model_variables(model)
     summary = meta.get("summary") or {}
     in_code, saved = summary.get("hyperparameters_in_code") or {}, summary.get("hyperparameters", {})
-    now = hyperparameters(variables["optimizer"])
+    now = parts.hyperparameters_in_code or hyperparameters(variables["optimizer"])  # (not what a last run left)
     # (an unchanged value, or one that a schedule or ReduceLROnPlateau moved since, is no change in code)
     changed = [name for name in in_code if name in now and name in saved and now[name] not in (in_code[name], saved[name])]
     if changed:
