@@ -185,6 +185,11 @@ def test_workers_end_identical_and_equal_to_one_process_on_the_same_global_minib
 
 
 @native_only
+def test_the_epochs_training_metrics_are_one_processs_where_their_states_add_up(jobs):
+    horovod_checks.test_the_epochs_training_metrics_are_one_processs_where_their_states_add_up(jobs)
+
+
+@native_only
 def test_pad_remainders_is_refused_under_data_parallel_training(jobs):
     horovod_checks.test_pad_remainders_is_refused_under_data_parallel_training(jobs)
 

@@ -77,13 +77,15 @@ def _check(out: Path) -> None:
     assert info0["validated"] == [half] * E["epochs"]
     assert info1["validated"] == [E["validation"] - half] * E["epochs"]
 
-    # The training logs are averaged weighted by the samples each worker trained (34 and 30 per epoch), not by
-    # what Keras's validation leaves in the loss tracker.
+    # The training logs are the workers' combined: means over the samples each worker trained (34 and 30 per
+    # epoch), taken before Keras's validation resets the metrics, and the weighted accuracy's over the sum of
+    # each worker's sample weights (its metric's states summed, as one process would have them).
     for epoch in range(E["epochs"]):
         local = [info0["local_logs"][epoch], info1["local_logs"][epoch]]
         assert [w["trained"] for w in local] == [34, 30]
-        for key in ("loss", "accuracy", "weighted_accuracy"):
-            mean = (34 * local[0][key] + 30 * local[1][key]) / 64
+        assert local[0]["weights"] != local[1]["weights"] * 34 / 30  # (weights no mean of the samples')
+        for key, by in (("loss", "trained"), ("accuracy", "trained"), ("weighted_accuracy", "weights")):
+            mean = (local[0][by] * local[0][key] + local[1][by] * local[1][key]) / (local[0][by] + local[1][by])
             np.testing.assert_allclose(info0["epoch_logs"][epoch][key], mean, **TOLERANCE, err_msg=key)
 
     # ... and reports exactly what one process reports on the whole set (the last evaluations ran on the

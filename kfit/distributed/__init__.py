@@ -8,7 +8,7 @@ Run the same script as several workers with a launcher::
 
 and :func:`kfit.fit` trains data-parallel: each worker reads its own share of every global minibatch,
 the gradients are averaged in every step, rank 0's initial state is broadcast, the epoch metrics are
-averaged (weighted by samples), only rank 0 writes files, and a stop decided on any worker ends training
+combined (their states summed where they add up, else averaged weighted by samples), only rank 0 writes files, and a stop decided on any worker ends training
 on all of them after the same step. Evaluation is sharded: ``kfit.fit``'s ``validation_data`` (arrays),
 ``kfit.callbacks.CrossValidation`` and ``kfit.callbacks.Test`` evaluate each worker's contiguous share and sum
 the metrics' states over the workers, giving every worker the single-process results (metrics whose state is

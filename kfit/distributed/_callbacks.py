@@ -58,12 +58,14 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
-    """Averages the epoch's metrics over the workers, weighted by the samples each one used.
+    """Combines the epoch's metrics over the workers, so that every worker logs the same numbers.
 
-    At each epoch end, every numeric entry of the logs becomes the average over the workers, each weighted
-    by the samples it trained on in the epoch (for ``val_*`` entries: the samples it evaluated), so a mean
-    metric equals the one computed over all the workers' samples. The logs are changed in place: put this
-    callback before those that read them (checkpoints, early stopping, loggers), as with Horovod.
+    At each epoch end, the training metrics become the ones of all the workers' samples: where the model's metrics
+    all keep a state that is a sum over samples (the loss, accuracies, crossentropies, ``AUC``, ``Precision``...,
+    with Keras's own ``train_step``), the results of those states summed over the workers, i.e. what one process
+    would log; else each numeric entry averaged over the workers, weighted by the samples each one trained on. The
+    ``val_*`` entries are averaged, weighted by the samples each worker evaluated. The logs are changed in place:
+    put this callback before those that read them (checkpoints, early stopping, loggers), as with Horovod.
 
     Args:
         device: accepted for compatibility with Horovod; unused.
@@ -76,34 +78,31 @@ class MetricAverageCallback(keras.callbacks.Callback):
     def __init__(self, device: str = ""):
         super().__init__()
         self.device = device
-        self._train_count: float | None = None
+        self._taken: tuple | None = None
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._train_count = None
+        self._taken = None
 
     def on_test_begin(self, logs: dict | None = None) -> None:
-        # model.fit validates through model.evaluate, which resets the metrics: count the training
-        # samples first (model.fit has synced the state on JAX by now).
-        if self._train_count is None:
-            self._train_count = self._count()
+        # model.fit validates through model.evaluate, which resets the metrics: take the training metrics first
+        # (model.fit has synced the state on JAX by now).
+        if self._taken is None and size() > 1:
+            from kfit.distributed import _state
 
-    def _count(self) -> float:
-        from kfit.distributed import _state
-
-        return _state.local_sample_count(self.model)
+            self._taken = _state.take_training_metrics(self.model)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is None or size() == 1:
             return
         from kfit.distributed import _state
 
-        train_count = self._train_count if self._train_count is not None else self._count()
-        val_count = self._count() if self._train_count is not None else train_count
+        validated, self._taken = self._taken, None
+        taken = validated or _state.take_training_metrics(self.model)
+        val_count = _state.local_sample_count(self.model) if validated else taken[1]
         train = {k: v for k, v in logs.items() if not k.startswith("val_")}
         val = {k: v for k, v in logs.items() if k.startswith("val_")}
-        logs.update(_state.average_logs(train, train_count))
+        logs.update(_state.combine_training_logs(train, taken))
         logs.update(_state.average_logs(val, val_count))
-        self._train_count = None
 
 
 class AgreedStopCallback(keras.callbacks.Callback):

@@ -9,7 +9,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from kfit.distributed import _select
+from kfit.distributed import _evaluation, _select
 
 
 def any_true(flag: bool) -> bool:
@@ -264,6 +264,32 @@ def average_logs(logs: dict, weight: float) -> dict:
     for i, key in enumerate(keys):
         out[key] = float(total[i] / total[-1])
     return out
+
+
+def take_training_metrics(model: Any) -> tuple[dict | None, float]:
+    """What the epoch's training logs are combined from over the workers, taken at the epoch's end or before
+    ``model.fit``'s validation resets the metrics; a collective: every worker calls it at the same point.
+
+    Returns ``(results, samples)``. Where Keras's own ``train_step`` and ``compute_metrics`` update metrics whose
+    states are all sums over samples (the loss, accuracies, ``AUC``, ``Precision``...: see ``_evaluation``),
+    ``results`` are the model's results on those states summed over the workers (one allreduce): the numbers one
+    process would log, sample weights and thresholds included. Else ``results`` is None and the logs are averaged,
+    weighted by ``samples``, the samples this worker trained on (:func:`combine_training_logs`).
+    """
+    samples = local_sample_count(model)  # (before the sum, which sums the loss tracker's count too)
+    split = _evaluation.training_metrics_split(model)
+    if split is None or split[1] or not split[0]:
+        return None, samples
+    return _evaluation.combine_metric_states(model), samples
+
+
+def combine_training_logs(logs: dict, taken: tuple[dict | None, float]) -> dict:
+    """The epoch's training ``logs`` over the workers from what :func:`take_training_metrics` took: the summed
+    states' results where it has them, the rest averaged weighted by the samples (one allreduce)."""
+    results, samples = taken
+    exact = {key: keras.ops.convert_to_numpy(results[key]) for key in logs if results is not None and key in results}
+    averaged = average_logs({key: value for key, value in logs.items() if key not in exact}, samples)
+    return {**averaged, **{key: float(value) if value.ndim == 0 else value for key, value in exact.items()}}
 
 
 def average_metrics(logs: dict, model: Any) -> dict:

@@ -547,26 +547,28 @@ class _StopAtSamples(_CountStep):
 
 
 class _AverageMetrics(keras.callbacks.Callback):
-    order = -1000  # first at the epoch end: every other callback sees the averaged logs
+    """The epoch's training logs over the workers (``_state.take_training_metrics``): taken before Keras's
+    validation resets the metrics, else at the epoch's end."""
+
+    order = -1000  # first at the epoch end: every other callback sees the combined logs
 
     def __init__(self) -> None:
         super().__init__()
-        self._trained: float | None = None
+        self._taken: tuple | None = None
 
     def on_test_begin(self, logs: dict | None = None) -> None:
-        # model.fit's validation is about to reset the metrics: the samples trained this epoch, counted now.
         from kfit.distributed import _state
 
-        self._trained = _state.local_sample_count(self.model)
+        self._taken = _state.take_training_metrics(self.model)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         from kfit.distributed import _state
 
-        trained, self._trained = self._trained, None
+        taken, self._taken = self._taken, None
         if logs is None:
             return
-        train = {k: v for k, v in logs.items() if not k.startswith("val_")}
-        logs.update(_state.average_logs(train, trained if trained is not None else _state.local_sample_count(self.model)))
+        taken = taken or _state.take_training_metrics(self.model)
+        logs.update(_state.combine_training_logs({k: v for k, v in logs.items() if not k.startswith("val_")}, taken))
 
 
 class _StreamFit:

@@ -65,8 +65,8 @@ class Record(keras.callbacks.Callback):
 
 
 class RecordLocal(keras.callbacks.Callback):
-    """This worker's own training logs at the epoch end, before they are averaged over the workers, and the
-    samples it trained in the epoch."""
+    """This worker's own training logs at the epoch end, before they are combined over the workers, the samples it
+    trained in the epoch and the sum of their sample weights (the weighted accuracy's count)."""
 
     order = -2000
 
@@ -76,10 +76,12 @@ class RecordLocal(keras.callbacks.Callback):
 
     def on_test_begin(self, logs=None):
         self.trained = _state.local_sample_count(self.model)  # before the validation resets the metrics
+        weighted = next(m for m in _evaluation.leaf_metrics(self.model) if m.name == "weighted_accuracy")
+        self.weights = float(keras.ops.convert_to_numpy(weighted.count.value))
 
     def on_epoch_end(self, epoch, logs=None):
         self.logs.append({k: float(v) for k, v in logs.items() if not k.startswith("val_")})
-        self.logs[-1]["trained"] = self.trained
+        self.logs[-1].update(trained=self.trained, weights=self.weights)
 
 
 def scenario_evaluation() -> None:

@@ -81,6 +81,45 @@ def fit_kwargs() -> dict:
     )
 
 
+# Scenario "fit", its second run: a binary classifier with sample weights whose training metrics keep states that
+# are sums over samples but whose results are no mean of the workers' results (AUC; an accuracy weighted by the
+# sample weights), validated every second epoch (the first and third epochs end without validation).
+METRICS = dict(num_samples=90, validation=30, minibatch_size=15, epochs=3, validation_freq=2, seed=4, lr=0.1)
+
+
+def metrics_data() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    x, _ = data(METRICS["num_samples"], seed=11)
+    rng = np.random.default_rng(12)
+    labels = (x[:, :1] + 0.7 * rng.normal(size=(len(x), 1)) > 0).astype("float32")
+    return x, labels, rng.uniform(0.2, 3.0, size=len(x)).astype("float32")
+
+
+def metrics_model() -> keras.Model:
+    import kfit
+
+    net = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(4, activation="tanh"),
+                            keras.layers.Dense(1, activation="sigmoid")])
+    rng = np.random.default_rng(3000)
+    net.set_weights([(0.5 * rng.normal(size=w.shape)).astype("float32") for w in net.get_weights()])
+    net.compile(optimizer=kfit.optimizers.MomentumSGD(METRICS["lr"], momentum=0.9), loss="binary_crossentropy",
+                metrics=[keras.metrics.AUC(name="auc")],
+                weighted_metrics=[keras.metrics.BinaryAccuracy(name="weighted_accuracy")])
+    return net
+
+
+def metrics_fit(net: keras.Model) -> dict:
+    """Trains ``net`` (:func:`metrics_model`) on the classifier's data; returns the history."""
+    import kfit
+
+    m = METRICS
+    x, y, weights = metrics_data()
+    n = m["validation"]
+    history = kfit.fit(net, x[n:], y[n:], sample_weight=weights[n:], minibatch_size=m["minibatch_size"],
+                       epochs=m["epochs"], validation_data=(x[:n], y[:n]), validation_freq=m["validation_freq"],
+                       seed=m["seed"], verbose=0)
+    return history.history
+
+
 def resume_model() -> keras.Model:
     import kfit
 

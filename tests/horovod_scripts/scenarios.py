@@ -111,6 +111,7 @@ def scenario_fit() -> None:
         info["pad_remainders"] = "trained"
     except ValueError as error:
         info["pad_remainders"] = str(error)
+    info["metrics_history"] = common.metrics_fit(common.metrics_model())
     common.save(out("fit"), arrays, info)
 
 
