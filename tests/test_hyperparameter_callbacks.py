@@ -224,11 +224,14 @@ def test_the_clock_counts_every_step_of_an_execution_under_plain_model_fit():
     assert seen["kfit.fit"] == seen["model.fit"]
 
 
+@pytest.mark.parametrize("step_end", [False, True], ids=["", "step_end"])
 @pytest.mark.parametrize("num_samples", [40, None])
-def test_the_clock_counts_no_step_past_the_end_of_data_of_unknown_length(num_samples):
+def test_the_clock_counts_no_step_past_the_end_of_data_of_unknown_length(num_samples, step_end):
     """On data whose length Keras does not know (a filtered ``tf.data`` pipeline, a generator), Keras's JAX and
     TensorFlow loops begin one more step after each epoch's last and find no data for it: the clock counted that
-    step (56 samples for an epoch of 40), and a schedule's epoch boundary fell a step late in every epoch after."""
+    step (56 samples for an epoch of 40), and a schedule's epoch boundary fell a step late in every epoch after.
+    Also with a kfit callback that acts at every step's end (a ProgressPrinter, a Checkpoint: the step is counted
+    at its batch end there), where, with ``num_samples``, the step past the end was still counted."""
     import tensorflow as tf
 
     x, y = regression_data(40)
@@ -244,9 +247,14 @@ def test_the_clock_counts_no_step_past_the_end_of_data_of_unknown_length(num_sam
         def on_epoch_end(self, epoch, logs=None):
             readings.append(kfit.get_clock(self.model).samples)
 
+    class AtStepEnd(kfit.callbacks.KfitCallback):
+        def on_step_end(self, clock, logs):
+            pass
+
     schedule = kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample([0.01, 0.001], epoch_size=40))
     model.fit(data, epochs=2, shuffle=False, verbose=0,
-              callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=num_samples), schedule, Reader()])
+              callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=num_samples), schedule, Reader(),
+                         *([AtStepEnd()] if step_end else [])])
     end = 40 if num_samples else 48  # (without num_samples every step counts as 16 samples)
     # The Reader sees Keras's step past the end too (not on PyTorch), with the clock at the epoch's end (and the
     # schedule's value there).

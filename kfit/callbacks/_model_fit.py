@@ -188,12 +188,13 @@ class FitDriver(StepDriver):
             else:
                 clock.samples += pending[0]  # the previous step finished (one size: its own, counted once)
                 clock.minibatches += 1
-            if batch and self.unknown_length_epoch is not None and clock.samples % self.unknown_length_epoch == 0:
-                # Data of unknown length (a generator, a filtered tf.data): Keras's JAX and TensorFlow loops begin
-                # one more step after the epoch's last and find no data for it. The clock is at the epoch's end.
-                self.pending, self.pending_batch = None, batch  # (planned: the next kfit callback asks no more)
-                self.past_end = True
-                return False
+        if batch and self.unknown_length_epoch is not None and clock.samples % self.unknown_length_epoch == 0:
+            # Data of unknown length (a generator, a filtered tf.data): Keras's JAX and TensorFlow loops begin one
+            # more step after the epoch's last and find no data for it. The clock is at the epoch's end (the last
+            # step counted here, or already at its batch end).
+            self.pending, self.pending_batch = None, batch  # (planned: the next kfit callback asks no more)
+            self.past_end = True
+            return False
         if several:
             sizes = self._execution_sizes(clock)
             size = sizes[0]
