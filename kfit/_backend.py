@@ -135,6 +135,30 @@ def hold_writes(model: Any) -> Callable[[], None]:
     return release
 
 
+def after_each_train_call(model: Any, done: Callable[[], None]) -> Callable[[], None]:
+    """Calls ``done()`` each time ``model.train_function`` (made by ``model.fit`` before ``on_train_begin``) returns:
+    the steps Keras began at its last ``on_train_batch_begin`` have run (a call that raises, finding the data ended,
+    has not). Returns the function that unwraps it. A wrapper that a run ended by an error left is replaced, not
+    wrapped again. ``train_function`` is what the loops of Keras's three trainers call, checked against Keras 3.15.
+    """
+    original = model.train_function
+    original = getattr(original, "_kfit_unwrapped", original)
+
+    def train_function(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        done()
+        return result
+
+    train_function._kfit_unwrapped = original
+    model.train_function = train_function
+
+    def release() -> None:
+        if model.train_function is train_function:
+            model.train_function = original
+
+    return release
+
+
 def set_variable(model: Any, variable: Any, value: Any) -> None:
     """Assigns ``value`` to a model or optimizer ``variable`` during training.
 

@@ -262,9 +262,12 @@ def current_run(model: Any) -> Run | None:
 
 
 def last_clock(model: Any) -> Clock | None:
-    """The clock of the run in progress on ``model``, else of its last run, else None."""
+    """The clock of the run in progress on ``model`` (a step that has run counted, also when read before kfit's
+    callbacks in a hook), else of its last run, else None."""
     run = current_run(model)
     if run is not None:
+        if getattr(run.driver, "ran", False):
+            run.flush()
         return run.clock
     try:
         return _LAST_CLOCK.get(model)

@@ -224,6 +224,58 @@ def test_the_clock_counts_every_step_of_an_execution_under_plain_model_fit():
     assert seen["kfit.fit"] == seen["model.fit"]
 
 
+@pytest.mark.parametrize("unknown_length", [False, True], ids=["arrays", "unknown_length"])
+def test_a_keras_callback_reads_the_same_clock_before_or_after_the_sample_clock(unknown_length):
+    """Under plain model.fit a Keras callback that reads ``kfit.get_clock`` sees every step that has run counted,
+    wherever it is in the callbacks' list: listed before the SampleClock it saw each step counted a step late (at
+    the step's batch end, at the next step's batch begin, at the epoch's end), and after it, at the step's batch
+    end, still uncounted (kfit.fit's own loop counts it there). Also on data of unknown length (a filtered
+    ``tf.data``), where Keras's JAX and TensorFlow loops begin a step past each epoch's end, which is not counted."""
+    import tensorflow as tf
+
+    x, y = regression_data(40)
+    if unknown_length:
+        x = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda *_: True).batch(16)
+        y = None
+
+    class Reader(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.readings = []
+
+        def _read(self, hook):
+            clock = kfit.get_clock(self.model)
+            self.readings.append((hook, clock.samples, clock.minibatches))
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self._read("begin")
+
+        def on_train_batch_end(self, batch, logs=None):
+            self._read("end")
+
+        def on_epoch_end(self, epoch, logs=None):
+            self._read("epoch_end")
+
+    seen = {}
+    for where in ("first", "last"):
+        model = _sgd_mlp()
+        reader = Reader()
+        seen[where] = reader.readings
+        clock = kfit.callbacks.SampleClock(batch_size=16, num_samples=40)
+        schedule = kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(0.001))
+        callbacks = [reader, clock, schedule] if where == "first" else [clock, schedule, reader]
+        model.fit(x, y, batch_size=None if unknown_length else 16, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+    past_end = unknown_length and BACKEND != "torch"  # (read at its batch begin, with the epoch's steps counted)
+    expected, samples, steps = [], 0, 0
+    for _ in range(2):  # epochs of 40 samples: steps of 16, 16, 8
+        for size in (16, 16, 8):
+            expected += [("begin", samples, steps), ("end", samples + size, steps + 1)]
+            samples, steps = samples + size, steps + 1
+        expected += [("begin", samples, steps)] * past_end + [("epoch_end", samples, steps)]
+    assert seen["last"] == expected
+    assert seen["first"] == expected
+
+
 @pytest.mark.parametrize("step_end", [False, True], ids=["", "step_end"])
 @pytest.mark.parametrize("num_samples", [40, None])
 def test_the_clock_counts_no_step_past_the_end_of_data_of_unknown_length(num_samples, step_end):

@@ -156,6 +156,13 @@ class FitDriver(StepDriver):
         self.past_end = False  # Keras began a step past the end of the epoch's data (see batch_begin)
         #: ``num_samples`` where Keras does not know the epoch's length (see :meth:`batch_begin`), else None.
         self.unknown_length_epoch: int | None = None
+        #: The step planned last has run (told by :meth:`step_ran`): a Keras callback that reads the clock before any
+        #: kfit callback's hook has counted it finds it counted (``kfit.get_clock``), whatever the callbacks' order.
+        self.ran = False
+
+    def step_ran(self) -> None:
+        """Called when Keras's train function returns (``SampleClock`` wraps it)."""
+        self.ran = True
 
     def sleep(self, callback: Any, size: int, samples_until: float, minibatches_until: float) -> None:
         """Turns ``callback``'s batch-begin hook off while the steps are of ``size`` and the clock is below
@@ -209,7 +216,7 @@ class FitDriver(StepDriver):
         if size != self.applied:
             _run.apply_minibatch_size(self.model, size)
             self.applied = size
-        self.pending, self.pending_batch = sizes, batch
+        self.pending, self.pending_batch, self.ran = sizes, batch, False
         wake_at = self.wake_at
         if wake_at is not None and (size != wake_at[0] or clock.samples >= wake_at[1] or clock.minibatches >= wake_at[2]):
             self.wake_sleepers()

@@ -26,6 +26,9 @@ class SampleClock(KfitCallback):
     length (a generator, a filtered ``tf.data`` pipeline) the step Keras begins past the end of an epoch's data is not
     counted, nor, without ``num_samples``, the steps that the epoch's last call of ``N`` did not run (the clock
     corrects itself as the epoch ends). Give it once: a second ``SampleClock`` in the same ``model.fit`` is refused as training begins.
+    A Keras callback that reads :func:`kfit.get_clock` finds every step that has run counted, wherever it stands in the
+    list (at a step's batch end the step is counted); ``minibatch_size``, the size of the step about to run, is set at
+    the first kfit callback's ``on_train_batch_begin``: list the ``SampleClock`` first for callbacks that read it there.
 
     Args:
         batch_size: the ``batch_size`` given to ``model.fit``.
@@ -85,6 +88,8 @@ class SampleClock(KfitCallback):
         if isinstance(driver, FitDriver):
             # (Keras begins a step past the end of data of unknown length: see FitDriver.batch_begin)
             driver.unknown_length_epoch = None if (self.params or {}).get("steps") else self.num_samples
+            if getattr(self.training_model, "train_function", None) is not None:
+                self._release_train_function = _backend.after_each_train_call(self.training_model, driver.step_ran)
             if distributed.size() == 1:
                 self.on_train_batch_begin = self._check_first_step  # (this run's first epoch only; see there)
 
@@ -137,3 +142,6 @@ class SampleClock(KfitCallback):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         """Counts the run's last step (the flush happens in the hook wrapper)."""
+
+    def _run_ended(self) -> None:
+        self.__dict__.pop("_release_train_function", lambda: None)()
