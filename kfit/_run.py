@@ -144,6 +144,9 @@ class Run:
     #: stop and whether a worker was preempted (that callback); a callback that stops the process on SIGTERM acts
     #: when they have agreed, not alone.
     agreed_stops: bool = False
+    #: Plain ``model.fit`` with ``kfit.distributed.AgreedStopCallback``: the kfit callbacks listed before it (Keras
+    #: hands it the model after them), whose stops and SIGTERMs it agrees on; None without it.
+    listed_before_agreement: list | None = None
     #: Data-parallel :func:`kfit.fit`: the epoch logs every callback reads are averaged over the workers already
     #: (``kfit.training._fit._AverageMetrics``).
     logs_averaged: bool = False

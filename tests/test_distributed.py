@@ -663,3 +663,37 @@ def test_warmup_refuses_momentum_correction_it_cannot_apply():
     model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss="mse")
     with pytest.raises(ValueError, match="momentum_correction=False"):
         model.fit(x, y, batch_size=8, verbose=0, callbacks=[hvd.LearningRateWarmupCallback(0.02)])
+
+
+@pytest.mark.parametrize("agreement", ["missing", "before", "last"])
+def test_save_on_preemption_under_data_parallel_model_fit_needs_agreed_stop_callback_last(agreement, monkeypatch,
+                                                                                          tmp_path):
+    """Plain model.fit on several workers with Checkpoint(save_on_preemption=True) and no AgreedStopCallback after it:
+    a SIGTERM that reached one worker ended that worker alone (saving nothing unless it was rank 0), and the others
+    failed in their next gradient allreduce. Now refused as training begins, before any collective, alike on every
+    worker (checked on one process that takes itself for one of 2 workers)."""
+    from kfit import distributed
+
+    monkeypatch.setattr(distributed, "size", lambda: 2)
+
+    class Began(Exception):
+        pass
+
+    class StopAtBegin(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            raise Began  # past the check (one process cannot train as one of 2 workers)
+
+    x, y = common.data(40)
+    model = common.model(0)
+    model.compile(optimizer="sgd", loss="mse")
+    checkpoint = kfit.callbacks.Checkpoint(str(tmp_path / "model.ckpt"), save_on_preemption=True, restore=False)
+    callbacks = {"missing": [checkpoint], "before": [hvd.AgreedStopCallback(), checkpoint],
+                 "last": [checkpoint, hvd.AgreedStopCallback()]}[agreement]
+    expected = (pytest.raises(Began) if agreement == "last" else pytest.raises(
+        ValueError, match=r"save_on_preemption=True\) under plain model.fit on 2 workers needs "
+                          r"kfit.distributed.AgreedStopCallback\(\) last in model.fit's callbacks"))
+    try:
+        with expected:
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[*callbacks, StopAtBegin()])
+    finally:
+        checkpoint.release()

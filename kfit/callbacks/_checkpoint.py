@@ -136,8 +136,9 @@ class Checkpoint(KfitCallback):
     ``kfit.fit``, or plain ``model.fit`` with ``kfit.distributed.AgreedStopCallback`` last in its list, a SIGTERM that
     reaches any worker is agreed on at the next step boundary (with the stops the workers agree on there): rank 0
     saves, prints one line, and every worker ends as SIGTERM would (under plain ``model.fit`` on several workers
-    without that callback a SIGTERM that reaches a worker other than rank 0 alone saves nothing, and the workers it
-    did not reach fail in their next gradient allreduce). Signal handlers
+    ``save_on_preemption`` without that callback after the ``Checkpoint`` is refused as training begins: a SIGTERM that
+    reached a worker other than rank 0 alone would save nothing, and the workers it did not reach would fail in their
+    next gradient allreduce). Signal handlers
     are installed when training begins (in the main thread only) and the previous ones put back when it ends;
     a signal the process ignores stays ignored, and a handler of the program's own is called in its turn: if
     it lets training go on, the run keeps its path and its guard. One writer per path: the callback holds ``path + ".lock"`` from the start of training to its end, and
@@ -164,7 +165,7 @@ class Checkpoint(KfitCallback):
         resume_finished: continue a run that a callback stopped (early stopping, cross-validation), instead
             of restoring its final state and training nothing.
         save_on_preemption: on SIGTERM, save at the next step boundary, then end the process (data-parallel:
-            a SIGTERM on any worker saves and ends every worker; under plain ``model.fit``, with
+            a SIGTERM on any worker saves and ends every worker; under plain ``model.fit``, it needs
             ``kfit.distributed.AgreedStopCallback`` last).
         on_write_error: ``"raise"`` (a failed write stops training with its error) or ``"warn"`` (warn and
             go on training; :attr:`failed_writes` counts them).
@@ -307,6 +308,7 @@ class Checkpoint(KfitCallback):
         if self.interval is not None:
             self.clock  # noqa: B018  (a step frequency needs the clock: raises a clear error without one)
         _state.stateful_callbacks(self.training_run.callbacks)  # two callbacks with one state key: refuse now
+        self._check_preemption_is_agreed()
         try:
             if self._chief():
                 self._check_writable()
@@ -320,6 +322,23 @@ class Checkpoint(KfitCallback):
         self._training = True
         self._training_thread = threading.get_ident()
         self._guard.install()
+
+    def _check_preemption_is_agreed(self) -> None:
+        """Plain ``model.fit`` on several workers: ``save_on_preemption`` needs the workers to agree on a SIGTERM that
+        reaches one of them (``AgreedStopCallback`` after this callback); refused before any collective."""
+        from kfit import distributed
+
+        run = self.training_run
+        if not self.save_on_preemption or run.kfit_fit or distributed.size() == 1:
+            return
+        if not any(c is self for c in run.listed_before_agreement or ()):
+            raise ValueError(
+                f"Checkpoint({self.path!r}, save_on_preemption=True) under plain model.fit on {distributed.size()} "
+                "workers needs kfit.distributed.AgreedStopCallback() last in model.fit's callbacks (after this "
+                "Checkpoint): without it a SIGTERM that reaches one worker ends that worker alone, saving nothing "
+                "unless it is rank 0, and the others fail in their next gradient allreduce. Add it last, or train with "
+                "kfit.fit, which agrees on a SIGTERM by itself."
+            )
 
     def _holds_run(self) -> bool:
         """Training with this callback is under way: False after a run that ended with an exception, which Keras
