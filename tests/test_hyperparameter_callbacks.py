@@ -224,13 +224,19 @@ def test_the_clock_counts_every_step_of_an_execution_under_plain_model_fit():
     assert seen["kfit.fit"] == seen["model.fit"]
 
 
+@pytest.mark.parametrize("batch_end", [True, False], ids=["batch_end", "no_batch_end"])
 @pytest.mark.parametrize("unknown_length", [False, True], ids=["arrays", "unknown_length"])
-def test_a_keras_callback_reads_the_same_clock_before_or_after_the_sample_clock(unknown_length):
-    """Under plain model.fit a Keras callback that reads ``kfit.get_clock`` sees every step that has run counted,
-    wherever it is in the callbacks' list: listed before the SampleClock it saw each step counted a step late (at
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+def test_a_keras_callback_reads_the_same_clock_before_or_after_kfits_callbacks(loop, unknown_length, batch_end):
+    """A Keras callback that reads ``kfit.get_clock`` sees every step that has run counted, wherever it is in the
+    callbacks' list. Under plain model.fit, listed before the SampleClock, it saw each step counted a step late (at
     the step's batch end, at the next step's batch begin, at the epoch's end), and after it, at the step's batch
-    end, still uncounted (kfit.fit's own loop counts it there). Also on data of unknown length (a filtered
-    ``tf.data``), where Keras's JAX and TensorFlow loops begin a step past each epoch's end, which is not counted."""
+    end, still uncounted (kfit.fit's own loop counts it there). Under kfit.fit (kfit's stream, a tf.data source), listed
+    before kfit's callbacks, it saw the clock of the step before at a step's batch begin (its ``minibatch_size`` too),
+    and, without a batch-end hook (Keras then dispatches batch ends asynchronously), a step late at the epoch's end.
+    Also on data of unknown length (a filtered ``tf.data``), where Keras's JAX and TensorFlow loops begin a step past
+    each epoch's end, which is not counted. (Under plain model.fit the ``minibatch_size`` of the step about to run is set
+    at the SampleClock's batch begin: a callback before it reads it there as the step before's, as documented.)"""
     import tensorflow as tf
 
     x, y = regression_data(40)
@@ -245,33 +251,44 @@ def test_a_keras_callback_reads_the_same_clock_before_or_after_the_sample_clock(
 
         def _read(self, hook):
             clock = kfit.get_clock(self.model)
-            self.readings.append((hook, clock.samples, clock.minibatches))
+            size = (clock.minibatch_size,) if loop == "kfit.fit" else ()
+            self.readings.append((hook, clock.samples, clock.minibatches, *size))
 
         def on_train_batch_begin(self, batch, logs=None):
             self._read("begin")
 
-        def on_train_batch_end(self, batch, logs=None):
-            self._read("end")
-
         def on_epoch_end(self, epoch, logs=None):
             self._read("epoch_end")
+
+    class EndReader(Reader):
+        def on_train_batch_end(self, batch, logs=None):
+            self._read("end")
 
     seen = {}
     for where in ("first", "last"):
         model = _sgd_mlp()
-        reader = Reader()
+        reader = EndReader() if batch_end else Reader()
         seen[where] = reader.readings
-        clock = kfit.callbacks.SampleClock(batch_size=16, num_samples=40)
-        schedule = kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(0.001))
-        callbacks = [reader, clock, schedule] if where == "first" else [clock, schedule, reader]
-        model.fit(x, y, batch_size=None if unknown_length else 16, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+        kfits = [kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(0.001))]
+        if loop == "model.fit":
+            kfits.insert(0, kfit.callbacks.SampleClock(batch_size=16, num_samples=40))
+        callbacks = [reader, *kfits] if where == "first" else [*kfits, reader]
+        if loop == "model.fit":
+            model.fit(x, y, batch_size=None if unknown_length else 16, epochs=2, shuffle=False, verbose=0,
+                      callbacks=callbacks)
+        elif unknown_length:
+            kfit.fit(model, x, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+        else:
+            kfit.fit(model, x, y, minibatch_size=16, epochs=2, seed=0, verbose=0, callbacks=callbacks)
     past_end = unknown_length and BACKEND != "torch"  # (read at its batch begin, with the epoch's steps counted)
     expected, samples, steps = [], 0, 0
+    with_size = (lambda size: (size,)) if loop == "kfit.fit" else (lambda size: ())
     for _ in range(2):  # epochs of 40 samples: steps of 16, 16, 8
         for size in (16, 16, 8):
-            expected += [("begin", samples, steps), ("end", samples + size, steps + 1)]
+            expected += [("begin", samples, steps, *with_size(size))]
+            expected += [("end", samples + size, steps + 1, *with_size(size))] * batch_end
             samples, steps = samples + size, steps + 1
-        expected += [("begin", samples, steps)] * past_end + [("epoch_end", samples, steps)]
+        expected += [("begin", samples, steps, *with_size(8))] * past_end + [("epoch_end", samples, steps, *with_size(8))]
     assert seen["last"] == expected
     assert seen["first"] == expected
 

@@ -528,6 +528,26 @@ class _CountStep(keras.callbacks.Callback):
         self.run.flush()
 
 
+class _PlanStep(keras.callbacks.Callback):
+    """Sets the clock for each step, and counts an epoch's last step, before any other callback's hook reads it: a
+    Keras callback listed before kfit's (or with only kfit's epoch summaries after it) read ``kfit.get_clock`` a step
+    late. Keras dispatches batch ends asynchronously still (this callback has none)."""
+
+    order = -10_000
+
+    def __init__(self, run: _run.Run):
+        super().__init__()
+        self.run = run
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        run = self.run
+        if run.driver.pending_batch != batch:
+            run.driver.batch_begin(run.clock, batch)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.run.flush()
+
+
 def _dispatches_batch_end_synchronously(callback: Any) -> bool:
     """Keras's rule (``CallbackList._configure_async_dispatch``)."""
     if getattr(callback, "async_safe", False):
@@ -824,7 +844,7 @@ class _StreamFit:
         try:
             adapter, self.run.driver, first, first_size = self._feed()
             self.adapter = adapter
-            extra: list = [_RunControl(self)]
+            extra: list = [_RunControl(self), _PlanStep(self.run)]
             if any(_dispatches_batch_end_synchronously(c) for c in self.callbacks):
                 extra.append(_CountStep(self.run))
             if self.source is not None and self.max_samples is not None:
