@@ -967,6 +967,49 @@ def test_a_pydataset_that_reshuffles_at_epoch_end_trains_as_in_model_fit_and_res
     np.testing.assert_allclose(resumed_history.history["loss"], expected_history.history["loss"], rtol=1e-6)
 
 
+class InOrder(ReshufflingDataset):
+    def on_epoch_end(self):
+        pass
+
+
+@pytest.mark.parametrize("steps_per_epoch", [3, 4])  # two epochs a pass; a pass of 6 batches cut into 4 + 2
+def test_a_pydataset_read_on_across_epochs_with_steps_per_epoch_trains_as_in_model_fit_and_resumes(
+        tmp_path, steps_per_epoch):
+    """``steps_per_epoch`` shorter than a PyDataset: model.fit reads on in the pass across epochs, ends an epoch early
+    where the pass ends, and calls the dataset's ``on_epoch_end`` at every epoch's end. kfit's loop made every epoch
+    ``steps_per_epoch`` batches across passes and called ``on_epoch_end`` once a pass: other batches, and weights up
+    to 0.1 off. Now Keras's adapter reads it, as arrays whose epochs are not passes, and a resumed run (the pass it
+    resumed in read again up to its step) ends that pass where it ended: the run's epoch after such a pass's end
+    trained no step. (On TensorFlow model.fit's own tf.data prefetch reads a varying number of the next epoch's
+    batches before ``on_epoch_end`` reorders the rows: two of its runs differ, so the dataset there keeps its order.)"""
+    x, y = regression_data(48)
+    reordering = InOrder if keras.backend.backend() == "tensorflow" else ReshufflingDataset
+
+    def train(loop, dataset=reordering, **extra):
+        keras.utils.set_random_seed(4)
+        model = compiled(mlp())
+        fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (Keras's "Your input ran out of data", where a pass ends an epoch)
+            history = fit(dataset(x, y, 8), epochs=4, steps_per_epoch=steps_per_epoch, shuffle=False, verbose=0,
+                          **extra)
+        return model, history
+
+    expected, expected_history = train("model.fit")
+    looped, history = train("kfit.fit")
+    assert_same_weights(expected, looped)
+    assert history.history == expected_history.history
+    expected, expected_history = train("model.fit", InOrder)
+    for crash_at in (2, 3, 7):  # inside the first pass's first epoch; at its second epoch's start; in the second pass
+        path = tmp_path / f"run{crash_at}.ckpt"
+        with pytest.raises(RuntimeError, match="crash"):
+            train("kfit.fit", InOrder, callbacks=[kfit.callbacks.Checkpoint(path, frequency="1mb", async_write=False),
+                                                  CrashAtStep(crash_at)])
+        resumed, resumed_history = train("kfit.fit", InOrder, callbacks=[kfit.callbacks.Checkpoint(path)])
+        assert_same_weights(expected, resumed)
+        assert resumed_history.history == expected_history.history
+
+
 class CurriculumDataset(keras.utils.PyDataset):
     """Serves its rows scaled by ``difficulty``, which a callback sets as each epoch begins; notes its epoch hooks."""
 

@@ -152,6 +152,12 @@ class SourceAdapter(_backend.DataAdapter):
         self._resumed_pass = False
         #: The steps left in the epoch a run resumes in, when known, for Keras (see :meth:`on_epoch_begin`).
         self._steps_left: int | None = None
+        #: Read on across epochs from a source of known length read from its start at each pass: the batches of the
+        #: pass a run resumed in that Keras has still to count (after the resumed epoch's steps), and which pass that
+        #: is (a count of the passes opened), so that Keras ends that pass where it ended (see :meth:`on_epoch_begin`).
+        self._pass_rest: int | None = None
+        self._rest_pass: int | None = None
+        self._passes_opened = 0
         #: The epoch in progress is one a resume cut short (the steps it had left): Keras, told so, warns that the
         #: input "ran out of data", which is kfit's doing, not the source's.
         self.cut_short = False
@@ -257,7 +263,7 @@ class SourceAdapter(_backend.DataAdapter):
         current = self._current
         if current is not None:
             current.release()  # (the epoch's first batch, held back at the last one's end: the clock sizes its step)
-        if self._resumed_pass:
+        if self._resumed_pass and self._rest_pass is None:
             # The epoch a run resumed in was cut short by kfit (the samples dropped, or the steps it had left):
             # Keras must not take its length for the source's.
             _backend.set_epoch_batches(self.inner.num_batches)
@@ -280,6 +286,16 @@ class SourceAdapter(_backend.DataAdapter):
             _backend.set_epoch_batches(self._steps_left)
             self._steps_left = None
             self.cut_short = True
+        elif self._rest_pass is not None and self._passes_opened == self._rest_pass:
+            # Read on across epochs in the pass a run resumed in: Keras counts a pass's batches from the iterator it
+            # made after the resumed epoch's steps (or as the resumed epoch began). Told the rest of that pass, it
+            # opens the next pass where that one ended, as it did.
+            if self._pass_rest:
+                _backend.set_epoch_batches(self._pass_rest)
+                self._pass_rest = None
+        elif self._rest_pass is not None:  # that pass has ended: Keras counts the source's own length again
+            _backend.set_epoch_batches(self.inner.num_batches)
+            self._resumed_pass, self._pass_rest, self._rest_pass = False, None, None
 
     def on_epoch_end(self) -> None:
         self.inner.on_epoch_end()
@@ -369,6 +385,7 @@ class SourceAdapter(_backend.DataAdapter):
         return current is not None and current.done and steps - self._steps_at_open >= len(current.sizes)
 
     def _new_pass(self) -> None:
+        self._passes_opened += 1
         reopen, self._reopen = self._reopen, None
         peeked, self._peeked = self._peeked, None
         if reopen is None and peeked is not None:  # the pass peek() began: read from its start
@@ -561,9 +578,10 @@ class SourceAdapter(_backend.DataAdapter):
             return _Deferred(lambda: self._open(passes, now=True))
         if passes != self._passes:
             self._passes, self._underlying = passes, None
-        exhausted = self._current is not None and self._current.exhausted
+        exhausted = self._current is not None and self._current.exhausted or self._pass_rest == 0
         if self._underlying is None or not self.continues or exhausted:
             self._new_pass()
+            self._pass_rest = None if self._pass_rest == 0 else self._pass_rest
         skipped = self._skip
         dropped_batches = 0
         if skipped:
@@ -574,7 +592,11 @@ class SourceAdapter(_backend.DataAdapter):
             self._steps_left = limit
         elif skipped and not self.continues and self.inner.num_batches:
             self._steps_left = self.inner.num_batches - dropped_batches
-        self._resumed_pass = self._resumed_pass or bool(skipped and not self.continues) or limit is not None
+        if skipped and self.continues and self.restarts and self.inner.num_batches:
+            self._pass_rest = max(self.inner.num_batches - dropped_batches - (limit or 0), 0)
+            self._rest_pass = self._passes_opened
+        self._resumed_pass = (self._resumed_pass or bool(skipped and not self.continues) or limit is not None
+                              or self._rest_pass is not None)
         # A step planned from the previous pass and not yet counted (Keras opens the next epoch's pass as soon
         # as the last step of an epoch has run) is not this pass's first step.
         driver = self.driver

@@ -217,7 +217,10 @@ def fit(
     if isinstance(x, keras.utils.PyDataset):
         if y is not None or sample_weight is not None:
             raise ValueError("With a PyDataset as `x`, `y` and `sample_weight` come from the dataset's batches; pass x only.")
-        seekable = getattr(x, "num_batches", 0) is not None  # an endless PyDataset has no sweeps to seek in
+        # An endless PyDataset has no sweeps to seek in; with steps_per_epoch other than its length, Keras's epochs
+        # are not sweeps: Keras's adapter reads it, as a source that cannot seek.
+        num_batches = getattr(x, "num_batches", 0)
+        seekable = num_batches is not None and not _keras_epochs_differ(model, x, options, distributed.size())
     else:
         seekable = is_streamable(x)
         if seekable and _keras_epochs_differ(model, x, options, distributed.size()):
@@ -234,24 +237,28 @@ def fit(
 
 
 def _keras_epochs_differ(model: Any, x: Any, options: FitOptions, workers: int) -> bool:
-    """True when ``steps_per_epoch`` on arrays gives epochs that kfit's stream cannot reproduce.
+    """True when ``steps_per_epoch`` on arrays or a ``PyDataset`` gives epochs that kfit's stream cannot reproduce.
 
     kfit's stream makes every epoch ``steps_per_epoch * batch_size`` samples, across sweeps. Keras ends an
     epoch early at the end of a sweep, and with ``steps_per_execution`` draws whole executions. The two
     agree when a sweep is a whole number of epochs and an epoch a whole number of executions; otherwise
-    ``kfit.fit`` trains as ``model.fit`` would, on Keras's own adapter (resume then skips ahead). With a
-    minibatch-size schedule, an ``epoch_size`` or several workers, kfit's epochs are kept.
+    ``kfit.fit`` trains as ``model.fit`` would, on Keras's own adapter (resume then skips ahead). A ``PyDataset``
+    read in its own batches also needs an epoch to be a sweep: Keras calls its ``on_epoch_end`` and
+    ``on_epoch_begin`` at each epoch's end and begin, kfit's stream at each sweep's. With a minibatch-size
+    schedule, an ``epoch_size`` or several workers, kfit's epochs are kept.
     """
     o = options
     if o.steps_per_epoch is None or o.epoch_size is not None or o.fixed_minibatch_size is None and o.minibatch_size \
             is not None or workers > 1:
         return False
+    per_execution = _backend.steps_per_execution(model)
+    if isinstance(x, keras.utils.PyDataset):
+        return o.minibatch_size is None and (o.steps_per_epoch != x.num_batches or o.steps_per_epoch % per_execution != 0)
     n = dataset_length(x)
     if n is None:
         return False
     if o.validation_split:
         n = _training_rows(n, o.validation_split)
-    per_execution = _backend.steps_per_execution(model)
     return n % (o.steps_per_epoch * (o.fixed_minibatch_size or 32)) != 0 or o.steps_per_epoch % per_execution != 0
 
 
