@@ -1010,6 +1010,31 @@ def test_a_pydataset_read_on_across_epochs_with_steps_per_epoch_trains_as_in_mod
         assert resumed_history.history == expected_history.history
 
 
+def test_a_pydataset_given_a_batch_size_trains_in_its_own_batches_as_in_model_fit():
+    """model.fit reads a PyDataset in its own batches whatever its ``batch_size`` (which then only sizes the
+    validation's batches); kfit's loop cut the dataset anew at ``batch_size``: 3 steps of 16 where model.fit takes 6
+    of 8, and other weights. ``minibatch_size`` (kfit's own name) still cuts it anew."""
+    x, y = regression_data(48)
+    validation = regression_data(20, seed=3)
+
+    def train(loop, **size):
+        keras.utils.set_random_seed(4)
+        model = compiled(mlp())
+        steps = ValidationSteps()
+        fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+        history = fit(ReshufflingDataset(x, y, 8), epochs=2, shuffle=False, verbose=0, validation_data=validation,
+                      callbacks=[steps], **size)
+        return model, history, steps.steps
+
+    expected, expected_history, expected_steps = train("model.fit", batch_size=16)
+    looped, history, steps = train("kfit.fit", batch_size=16)
+    assert history.params["steps"] == expected_history.params["steps"] == 6
+    assert steps == expected_steps == [2, 2]  # the validation's 20 rows in batches of 16
+    assert_same_weights(expected, looped)
+    assert history.history == expected_history.history
+    assert train("kfit.fit", minibatch_size=16)[1].params["steps"] == 3
+
+
 class CurriculumDataset(keras.utils.PyDataset):
     """Serves its rows scaled by ``difficulty``, which a callback sets as each epoch begins; notes its epoch hooks."""
 

@@ -151,7 +151,8 @@ def fit(
     Every argument of ``model.fit`` keeps its meaning. kfit adds:
 
     * ``minibatch_size``: an int, or a ``kfit.schedules.minibatch_size`` schedule read at the clock's value
-      whenever a minibatch is drawn (``batch_size`` is its alias);
+      whenever a minibatch is drawn (``batch_size`` is its alias, but for a ``keras.utils.PyDataset``, which
+      ``model.fit`` reads in its own batches whatever the ``batch_size``: ``minibatch_size`` cuts it anew);
     * ``epoch_size``: samples per epoch (default: one sweep over the training data); epochs are units of
       the clock, decoupled from sweeps. A minibatch never crosses an epoch boundary;
     * ``max_samples``: stop after this many samples; with ``epochs`` too, the first bound reached ends
@@ -253,7 +254,8 @@ def _keras_epochs_differ(model: Any, x: Any, options: FitOptions, workers: int) 
         return False
     per_execution = _backend.steps_per_execution(model)
     if isinstance(x, keras.utils.PyDataset):
-        return o.minibatch_size is None and (o.steps_per_epoch != x.num_batches or o.steps_per_epoch % per_execution != 0)
+        return (o.minibatch_size is None or o.from_batch_size) and (o.steps_per_epoch != x.num_batches
+                                                                    or o.steps_per_epoch % per_execution != 0)
     n = dataset_length(x)
     if n is None:
         return False
@@ -674,11 +676,14 @@ class _StreamFit:
             from kfit.distributed import _optimizer
 
             self.stream.pads_empty_shares = _optimizer.pads_empty_shares()
-        # Without a size, Keras's: a PyDataset's own batch size, else 32.
-        default = self.stream.batch_size if isinstance(self.stream, PyDatasetStream) else 32
-        self.size_at = size_function(default if o.minibatch_size is None else o.minibatch_size)
-        self.fixed_size = o.fixed_minibatch_size or default
-        if o.minibatch_size is not None and o.fixed_minibatch_size is None:
+        # Without a size, Keras's: a PyDataset's own batch size (also for model.fit's `batch_size`, which model.fit does
+        # not apply to it), else 32.
+        own = isinstance(self.stream, PyDatasetStream)
+        size = None if own and o.from_batch_size else o.minibatch_size
+        default = self.stream.batch_size if own else 32
+        self.size_at = size_function(default if size is None else size)
+        self.fixed_size = (size if isinstance(size, int) else None) or default
+        if size is not None and o.fixed_minibatch_size is None:
             self.fixed_size = None
         epoch_size = o.epoch_size
         if epoch_size is None and o.steps_per_epoch is not None:

@@ -49,6 +49,9 @@ class FitOptions:
     seed: int | None = None
     prefetch: int | None = None
     pad_remainders: bool = False
+    #: The minibatch size was given as ``batch_size`` (model.fit's name), which ``model.fit`` does not apply to a
+    #: ``PyDataset`` (it batches itself): kfit's stream reads such a dataset in its own batches too.
+    from_batch_size: bool = False
 
     @classmethod
     def from_arguments(cls, *, batch_size: Any = None, callbacks: list | None = None, sample_weight: Any = None,
@@ -99,7 +102,9 @@ class FitOptions:
             if sample_weight is not None:
                 raise _checks.InvalidArgumentError(
                     "Arguments `sample_weight` and `class_weight` cannot be given together (as in model.fit).")
-        return dataclasses.replace(options, minibatch_size=_check_minibatch_size(minibatch_size))
+        minibatch_size = _check_minibatch_size(minibatch_size)
+        return dataclasses.replace(options, minibatch_size=minibatch_size, from_batch_size=batch_size is not None
+                                   and options.minibatch_size is None and isinstance(minibatch_size, int))
 
     @property
     def fixed_minibatch_size(self) -> int | None:
