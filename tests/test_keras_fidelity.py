@@ -972,15 +972,17 @@ class InOrder(ReshufflingDataset):
         pass
 
 
-@pytest.mark.parametrize("steps_per_epoch", [3, 4])  # two epochs a pass; a pass of 6 batches cut into 4 + 2
+@pytest.mark.parametrize("batch, steps_per_epoch", [(8, 3), (8, 4), (10, 5)])  # 6 batches a pass: two epochs a
+# pass, a pass cut into 4 + 2; 5 batches (the last of 8 rows): an epoch a pass
 def test_a_pydataset_read_on_across_epochs_with_steps_per_epoch_trains_as_in_model_fit_and_resumes(
-        tmp_path, steps_per_epoch):
+        tmp_path, batch, steps_per_epoch):
     """``steps_per_epoch`` shorter than a PyDataset: model.fit reads on in the pass across epochs, ends an epoch early
     where the pass ends, and calls the dataset's ``on_epoch_end`` at every epoch's end. kfit's loop made every epoch
     ``steps_per_epoch`` batches across passes and called ``on_epoch_end`` once a pass: other batches, and weights up
     to 0.1 off. Now Keras's adapter reads it, as arrays whose epochs are not passes, and a resumed run (the pass it
     resumed in read again up to its step) ends that pass where it ended: the run's epoch after such a pass's end
-    trained no step. (On TensorFlow model.fit's own tf.data prefetch reads a varying number of the next epoch's
+    trained no step. With ``steps_per_epoch`` its length, an epoch is a pass: kfit's loop made it
+    ``steps_per_epoch * batch`` samples, past a short last batch into the next pass. (On TensorFlow model.fit's own tf.data prefetch reads a varying number of the next epoch's
     batches before ``on_epoch_end`` reorders the rows: two of its runs differ, so the dataset there keeps its order.)"""
     x, y = regression_data(48)
     reordering = InOrder if keras.backend.backend() == "tensorflow" else ReshufflingDataset
@@ -991,7 +993,7 @@ def test_a_pydataset_read_on_across_epochs_with_steps_per_epoch_trains_as_in_mod
         fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (Keras's "Your input ran out of data", where a pass ends an epoch)
-            history = fit(dataset(x, y, 8), epochs=4, steps_per_epoch=steps_per_epoch, shuffle=False, verbose=0,
+            history = fit(dataset(x, y, batch), epochs=4, steps_per_epoch=steps_per_epoch, shuffle=False, verbose=0,
                           **extra)
         return model, history
 

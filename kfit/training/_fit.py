@@ -691,6 +691,8 @@ class _StreamFit:
                 raise ValueError("With a minibatch-size schedule give the epoch length as `epoch_size` (samples), not "
                                  "`steps_per_epoch`.")
             epoch_size = o.steps_per_epoch * self.fixed_size
+            if own and size is None and o.steps_per_epoch == self.stream.num_batches:
+                epoch_size = self.stream.num_samples  # (a pass, as in model.fit: its last batch may be short)
         self.epoch_size = int(epoch_size or self.stream.num_samples)
         self.run.epochs = 1 if o.epochs is None and o.max_samples is None else o.epochs
         self.run.max_samples = o.max_samples
