@@ -422,6 +422,23 @@ def keras_data_adapter(x: Any, y: Any, sample_weight: Any, batch_size: Any, step
                             steps_per_epoch=steps_per_epoch, shuffle=shuffle, class_weight=class_weight)
 
 
+def numpy_batches(adapter: Any) -> Any:
+    """``adapter.get_numpy_iterator()``, the source's batches as NumPy arrays (kfit's look at a first batch).
+    Keras 3.11-3.13's adapter for a Grain dataset imports Grain's ``SharedMemoryArrayMetadata`` from where Grain
+    kept it before 0.2.16, so with a newer Grain that method fails (``model.fit`` reads the backend's iterator and
+    trains); kfit then converts the dataset's batches as that method does. ``_dataset`` and
+    ``data_adapter_utils.get_numpy_iterator`` are Keras internals, checked against Keras 3.11.3, 3.12.4 and 3.13.2
+    (the old place only) and 3.14.1-3.15.1 (both places), with Grain 0.2.18."""
+    try:
+        return adapter.get_numpy_iterator()
+    except ModuleNotFoundError:
+        if type(adapter).__name__ != "GrainDatasetAdapter":
+            raise
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    return data_adapter_utils.get_numpy_iterator(adapter._dataset)
+
+
 def torch_data_loader(adapter: Any) -> Any:
     """The torch ``DataLoader`` behind Keras's adapter for one (None for other sources): the adapter's
     ``get_torch_dataloader()`` gives it as it is (Keras's ``TorchDataLoaderAdapter``, known by its class name).

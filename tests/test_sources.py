@@ -113,6 +113,30 @@ def test_a_source_trains_as_under_model_fit_and_the_clock_counts_its_samples(kin
     assert [s.samples for s in h_kfit.epoch_summaries] == [50] * epochs
 
 
+@pytest.mark.parametrize("kind", kinds("grain"))
+def test_a_grain_dataset_trains_as_under_model_fit_where_keras_reads_it_as_numpy_no_more(kind, monkeypatch):
+    """Keras 3.11-3.13 read a Grain dataset as NumPy (``get_numpy_iterator``) through a module Grain 0.2.16 moved:
+    with a newer Grain that method fails, while model.fit (the backend's own iterator) trains. kfit.fit (which
+    looks at the first batch as NumPy) trains as model.fit. The failure is made here, on any Keras."""
+    from keras.src.trainers.data_adapters.grain_dataset_adapter import GrainDatasetAdapter
+
+    def moved(self):
+        raise ModuleNotFoundError("No module named 'grain._src.python.shared_memory_array'")
+
+    monkeypatch.setattr(GrainDatasetAdapter, "get_numpy_iterator", moved)
+    results = []
+    for loop in ("model.fit", "kfit.fit"):
+        model = compiled(mlp(), keras.optimizers.SGD(0.01, momentum=0.9))
+        if loop == "model.fit":
+            history = model.fit(grain_dataset(), epochs=2, verbose=0)
+        else:
+            history = kfit.fit(model, grain_dataset(), epochs=2, seed=0, verbose=0)
+        results.append((weights(model), history.history))
+    for a, b in zip(results[0][0], results[1][0]):
+        np.testing.assert_array_equal(a, b)
+    assert results[1][1] == results[0][1]
+
+
 class _BatchEnds(keras.callbacks.Callback):
     """Records Keras's batch-end hooks: the step index and the logs each one gets."""
 

@@ -650,7 +650,7 @@ class SourceAdapter(_backend.DataAdapter):
                 first = keras.tree.map_structure(lambda t: None if t is None else keras.ops.convert_to_numpy(t), batch)
             elif first is None:
                 numpy_state = np.random.get_state() if shuffled_arrays and not draws else None
-                iterator = iter(self.inner.get_numpy_iterator())
+                iterator = iter(_backend.numpy_batches(self.inner))
                 first = next(iterator)
                 if draws:  # model.fit's look reads through its JAX loop's iterator, which reads batches ahead
                     for _ in range(_backend.fit_batches_read_ahead(self.inner)):
