@@ -359,6 +359,8 @@ def test_bad_input_raises_clear_errors(tmp_path):
         kfit.fit(model, x, y, sample_weight=np.ones(5), minibatch_size=4, seed=0, verbose=0)
     with pytest.raises(ValueError, match="empty"):
         kfit.fit(model, x[:0], y[:0], minibatch_size=4, seed=0, verbose=0)
+    with pytest.raises(ValueError, match=r"argument `x`: expected the training inputs.*Received: x=None$"):
+        kfit.fit(model, None, y, minibatch_size=4, seed=0, verbose=0)  # (model.fit fails calling the model)
     with pytest.raises(ValueError, match="`x`: the training data is empty"):  # model.fit's path (it named num_samples)
         kfit.fit(model, x[:0], y[:0], batch_size=4, verbose=0)
     with pytest.raises(ValueError, match="`minibatch_size`"):

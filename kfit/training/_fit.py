@@ -215,6 +215,9 @@ def fit(
     if not (options.kfit_only or distributed.size() > 1 or any(getattr(c, "needs_stream", False) for c in callbacks)
             or not _model_fit_keeps_clock(x, options) and any(isinstance(c, KfitCallback) for c in callbacks)):
         return _fit_with_model_fit(model, x, y, sample_weight, validation_data, callbacks, options)
+    if x is None:  # (model.fit fails calling the model on nothing)
+        raise ValueError("Invalid value for argument `x`: expected the training inputs (arrays, a dict or list of "
+                         "them, a dataset, a generator, a DataLoader). Received: x=None")
     if isinstance(x, keras.utils.PyDataset):
         if y is not None or sample_weight is not None:
             raise ValueError("With a PyDataset as `x`, `y` and `sample_weight` come from the dataset's batches; pass x only.")
