@@ -519,6 +519,42 @@ def test_a_reset_to_a_python_callable_in_a_run_that_checkpoints_is_refused_at_th
     assert unsaved.history[log][1] == pytest.approx(resumed.history[log][1]) != unsaved.history[log][0]
 
 
+@pytest.mark.parametrize("kind", ["learning_rate", "momentum"])
+def test_a_save_after_a_reset_to_a_python_callable_names_the_reset(kind, tmp_path):
+    """A run without a Checkpoint takes a reset to a Python callable; kfit.save_checkpoint then failed with the
+    schedule's own TypeError, whose advice ("rebuild it in code when restoring") does not fit a reset. The error names
+    the reset, its sample and what to give it; nothing is written. The same save after a value reset is written."""
+    x, y = regression_data(32)
+    path = tmp_path / "run.ckpt"
+    initial = {"learning_rate": kfit.schedules.learning_rate_per_sample(0.01),
+               "momentum": kfit.schedules.momentum_as_time_constant(0)}[kind]
+    method = {"learning_rate": "reset_learning_rate", "momentum": "reset_momentum"}[kind]
+    schedule = (kfit.callbacks.LearningRateSchedule if kind == "learning_rate" else kfit.callbacks.MomentumSchedule)(initial)
+
+    class ResetThenSave(keras.callbacks.Callback):
+        def __init__(self, values):
+            super().__init__()
+            self.values = values
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                getattr(schedule, method)(self.values)
+            else:
+                kfit.save_checkpoint(path, self.model)
+
+    def train(values):
+        keras.utils.set_random_seed(0)
+        kfit.fit(_sgd_mlp(), x, y, minibatch_size=16, epochs=2, seed=0, verbose=0, callbacks=[schedule, ResetThenSave(values)])
+
+    with pytest.raises(TypeError, match=rf"^{type(schedule).__name__} '{schedule.name}' cannot be saved: {method}\(values\) "
+                       r"at sample 32 gave it a schedule built from a Python callable, .*FromCallable.*Give "
+                       rf"{method} a value, a list of values, or a schedule built from kfit.schedules shapes"):
+        train(lambda samples: 0.005 if kind == "learning_rate" else 64)
+    assert not path.exists()
+    train(0.005 if kind == "learning_rate" else 64)
+    assert kfit.checkpoint.read_checkpoint_info(path).samples == 64
+
+
 def test_hyperparameters_a_keras_optimizer_compiles_in_are_refused():
     x, y = regression_data(16)
     model = mlp()

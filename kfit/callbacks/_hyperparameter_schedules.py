@@ -225,6 +225,20 @@ class _HyperparameterSchedule(KfitCallback):
         wake(self)
 
     def get_state(self) -> dict[str, Any]:
+        """The resets (their schedules' configurations), the value logged last and the schedule in code.
+
+        Raises:
+            TypeError: a reset gave a schedule built from a Python callable (a run that writes no checkpoint takes
+                one, and ``kfit.save_checkpoint`` is then called): a checkpoint holds the schedule in force.
+        """
+        for samples, _, schedule in self._resets:
+            if _config(schedule) is None:
+                raise TypeError(
+                    f"{type(self).__name__} {self.name!r} cannot be saved: {self.reset_method}(values) at sample "
+                    f"{samples} gave it a schedule built from a Python callable, {schedule!r}, and a checkpoint holds "
+                    f"the schedule in force (a resumed run goes on with it). Give {self.reset_method} a value, a list "
+                    "of values, or a schedule built from kfit.schedules shapes (piecewise_constant, linear_warmup, "
+                    "cosine_decay, join, ...).")
         return {
             "resets": [
                 {"samples": s, "minibatches": m, "schedule": schedule.get_config()} for s, m, schedule in self._resets

@@ -178,7 +178,9 @@ def save_checkpoint(
             untouched and no temporary file is left.
         CheckpointLockedError: another writer (a ``Checkpoint`` callback, here or in another process)
             holds ``path``.
-        ValueError: two callbacks have the same state key; a callback's state is not plain data.
+        ValueError: two callbacks have the same state key.
+        TypeError: a callback's state is not plain data, or a ``LearningRateSchedule`` or ``MomentumSchedule`` was
+            reset to a schedule built from a Python callable (the message names the reset and what to give it).
 
     Example:
         >>> # in a custom loop, every 10_000 samples:
