@@ -197,22 +197,23 @@ def test_a_second_run_on_the_same_model_records_the_learning_rate_in_code_as_a_f
     run on the same model recorded those as set in code, and its resume in a model built anew (a new process, the same
     code) said the code had changed them. A value the last run left is now the one that run had in code; a value the
     user assigned since still is the code's (and is named). Under kfit.fit a rerun of the same model after a crash
-    resumes without a note as well (Keras tells no callback of a model.fit that raised)."""
+    resumes without a note as well (Keras tells no callback of a model.fit that raised). The last resume has no
+    schedule: one that sets the rate before every step is told nothing of the rate in code (it plays no part)."""
     x, y = data(96)
     schedule = kfit.schedules.learning_rate_per_sample([0.001, 0.0005], epoch_size=96)
 
-    def fit(model, *callbacks):
-        lr = kfit.callbacks.LearningRateSchedule(schedule)
+    def fit(model, *callbacks, scheduled=True):
+        lr = [kfit.callbacks.LearningRateSchedule(schedule)] * scheduled
         if loop == "kfit.fit":
-            return kfit.fit(model, x, y, minibatch_size=16, epochs=3, seed=0, verbose=0, callbacks=[lr, *callbacks])
+            return kfit.fit(model, x, y, minibatch_size=16, epochs=3, seed=0, verbose=0, callbacks=[*lr, *callbacks])
         clock = kfit.callbacks.SampleClock(batch_size=16, num_samples=96)
-        return model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0, callbacks=[clock, lr, *callbacks])
+        return model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0, callbacks=[clock, *lr, *callbacks])
 
-    def notes(model, path, *crash):
+    def notes(model, path, *crash, scheduled=True):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                fit(model, kfit.callbacks.Checkpoint(path, async_write=False), *crash)
+                fit(model, kfit.callbacks.Checkpoint(path, async_write=False), *crash, scheduled=scheduled)
             except RuntimeError as error:
                 assert crash and str(error) == "crash"
         return [str(w.message) for w in caught if "optimizer's" in str(w.message)]
@@ -226,12 +227,62 @@ def test_a_second_run_on_the_same_model_records_the_learning_rate_in_code_as_a_f
         notes(model, path, _CrashAtEpoch(1, step=2))  # (the learning rate moves past the checkpoint's)
         if loop == "kfit.fit":
             assert notes(model, path, _CrashAtEpoch(2)) == []  # the same model, rerun
-        said = notes(make_model(), path)
+        said = notes(make_model(), path, scheduled=False)
         if assigned is None:
             assert said == []
         else:
             assert len(said) == 1 and "This code sets the optimizer's learning_rate=0.01; the run that wrote the " \
                 "checkpoint" in said[0] and "set learning_rate=0.02, and the checkpoint's learning_rate=" in said[0], said
+
+
+@pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])
+def test_a_resume_says_nothing_of_a_value_in_code_that_its_schedules_set_before_every_step(tmp_path, loop):
+    """The resume, with the same LearningRateSchedule and MomentumSchedule, of code that compiles other values of the
+    learning rate, momentum and minibatch_size (which the schedules and the clock set before every step) said "This
+    code sets the optimizer's learning_rate=0.05, momentum=0.5, minibatch_size=32 ... assign it once the run has
+    resumed": a false warning (they play no part: it trains as the unchanged code does, and an assignment would be
+    overwritten at the next step). It says nothing now; a learning rate changed in code that no schedule of the
+    resumed run sets is still named, alone."""
+    x, y = data(96)
+    rate = kfit.schedules.learning_rate_per_sample([0.001, 0.0005], epoch_size=96)
+    tau = kfit.schedules.momentum_as_time_constant([0, 64], epoch_size=96)
+
+    def fit(path, changed=(), schedules=("lr", "momentum"), *crash):
+        model = make_model()
+        for name in changed:
+            getattr(model.optimizer, name).assign({"learning_rate": 0.05, "momentum": 0.5, "minibatch_size": 32}[name])
+        callbacks = [*[kfit.callbacks.LearningRateSchedule(rate)] * ("lr" in schedules),
+                     *[kfit.callbacks.MomentumSchedule(tau)] * ("momentum" in schedules),
+                     kfit.callbacks.Checkpoint(path, async_write=False), *crash]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                if loop == "kfit.fit":
+                    kfit.fit(model, x, y, minibatch_size=16, epochs=3, seed=0, verbose=0, callbacks=callbacks)
+                else:
+                    model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0,
+                              callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=96), *callbacks])
+            except RuntimeError as error:
+                assert crash and str(error) == "crash"
+        return state(model), [str(w.message) for w in caught if "optimizer's" in str(w.message)]
+
+    fit(tmp_path / "saved" / "run.ckpt", (), ("lr", "momentum"), _CrashAtEpoch(1, step=2))
+
+    def resume(changed, schedules):
+        directory = tmp_path / f"{changed}{schedules}"
+        shutil.copytree(tmp_path / "saved", directory)
+        return fit(directory / "run.ckpt", changed, schedules)
+
+    everything = ("learning_rate", "momentum", "minibatch_size")
+    unchanged, said = resume((), ("lr", "momentum"))
+    assert said == []
+    trained, said = resume(everything, ("lr", "momentum"))
+    assert said == [], said
+    for got, expected in zip(trained, unchanged):
+        np.testing.assert_array_equal(got, expected)
+    _, said = resume(everything, ("momentum",))
+    assert len(said) == 1 and "This code sets the optimizer's learning_rate=0.05; the run that wrote the checkpoint" \
+        in said[0] and "set learning_rate=0.01, and the checkpoint's learning_rate=" in said[0], said
 
 
 def test_a_checkpoint_of_another_keras_version_is_restored_with_a_warning_naming_both(tmp_path):

@@ -80,6 +80,12 @@ class _HyperparameterSchedule(KfitCallback):
     def _target_variable(self, optimizer: Any) -> Any:
         raise NotImplementedError
 
+    @property
+    def scheduled_variable(self) -> Any:
+        """The optimizer variable this callback sets before every step (None until training begins): what the code
+        set it to plays no part in a run, nor in a resume (``kfit.checkpoint._state.set_before_steps``)."""
+        return self._variable
+
     def active_schedule(self, samples: int) -> tuple[Any, int, int]:
         """The schedule in force at ``samples`` and the clock reading it counts from."""
         schedule, start_samples, start_minibatches = self.schedule, 0, 0

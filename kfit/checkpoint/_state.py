@@ -314,8 +314,25 @@ def _summary(parts: Run, variables: dict, record: dict | None, epoch_logs: dict 
 
 def hyperparameters(variables: list) -> dict[str, float]:
     """The scalar float variables of an optimizer (``learning_rate``, ``momentum``, ...) by name."""
-    return {variable.path.rsplit("/", 1)[-1]: float(host_view(variable.value)) for variable in variables
+    return {_name(variable): float(host_view(variable.value)) for variable in variables
             if tuple(variable.shape) == () and "float" in keras.backend.standardize_dtype(variable.dtype)}
+
+
+def set_before_steps(parts: Run) -> set[str]:
+    """The names of the optimizer's scalar variables that the run sets before its steps, whatever the code set them
+    to: a kfit ``LearningRateSchedule``'s or ``MomentumSchedule``'s, and, where the run's clock drives its steps, the
+    minibatch size (kfit's ``MomentumSGD``)."""
+    from kfit.optimizers import minibatch_size_variable
+
+    found = [getattr(callback, "scheduled_variable", None) for callback in parts.callbacks]
+    optimizer = getattr(parts.model, "optimizer", None)
+    if parts.driver is not None and optimizer is not None:
+        found.append(minibatch_size_variable(optimizer))
+    return {_name(variable) for variable in found if variable is not None}
+
+
+def _name(variable: Any) -> str:
+    return variable.path.rsplit("/", 1)[-1]
 
 
 def _is_number(value: Any) -> bool:
@@ -610,8 +627,11 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
     summary = meta.get("summary") or {}
     in_code, saved = summary.get("hyperparameters_in_code") or {}, summary.get("hyperparameters", {})
     now = parts.hyperparameters_in_code or hyperparameters(variables["optimizer"])  # (not what a last run left)
-    # (an unchanged value, or one that a schedule or ReduceLROnPlateau moved since, is no change in code)
-    changed = [name for name in in_code if name in now and name in saved and now[name] not in (in_code[name], saved[name])]
+    # (an unchanged value, or one that a schedule or ReduceLROnPlateau moved since, is no change in code; nor is a
+    # value that this run's schedules or clock set before every step: the code's plays no part)
+    scheduled = set_before_steps(parts)
+    changed = [name for name in in_code if name in now and name in saved and name not in scheduled
+               and now[name] not in (in_code[name], saved[name])]
     if changed:
         restore.notes.append(
             f"This code sets the optimizer's {', '.join(f'{n}={now[n]:g}' for n in changed)}; the run that wrote the "
