@@ -238,14 +238,25 @@ def end(run: Run) -> None:
     if run.hyperparameters_in_code is not None and optimizer is not None:  # (read by the run's restore step)
         from kfit.checkpoint._state import hyperparameters
 
-        _LAST_HYPERPARAMETERS[optimizer] = (run.hyperparameters_in_code, hyperparameters(optimizer.variables))
+        record_hyperparameters(run, hyperparameters(optimizer.variables))
+
+
+def record_hyperparameters(run: Run, left: dict) -> None:
+    """Records, for the next run on the optimizer of ``run`` (:func:`hyperparameters_set_in_code`), what ``run`` had
+    in code and the values ``left`` it leaves (None: any value, of a variable the run sets before every step). The
+    run's restore step records what it starts from, :func:`end` what it left: a ``model.fit`` that raised tells no
+    callback, and what its restore step recorded stands."""
+    optimizer = getattr(run.model, "optimizer", None)
+    if optimizer is not None:
+        _LAST_HYPERPARAMETERS[optimizer] = (run.hyperparameters_in_code, left)
 
 
 def hyperparameters_set_in_code(optimizer: Any, now: dict) -> dict:
     """The scalar variables of ``optimizer`` (``learning_rate``, ...) as the code set them, given their values ``now``
     as a run begins: a value the optimizer's last run left (moved by a schedule, the clock or a restore) is the one
     that run had in code, so that a second run on the same model records what a first one does; a value assigned
-    since is the code's."""
+    since is the code's. After a ``model.fit`` that raised, what it left is known as far as its restore step knew:
+    the values it started from, and any value of one it set before every step."""
     try:
         last = _LAST_HYPERPARAMETERS.get(optimizer)
     except TypeError:  # (None, or not weak-referenceable: never trained)
@@ -253,7 +264,8 @@ def hyperparameters_set_in_code(optimizer: Any, now: dict) -> dict:
     if last is None:
         return now
     in_code, left = last
-    return {name: in_code[name] if name in in_code and left.get(name) == value else value for name, value in now.items()}
+    return {name: in_code[name] if name in in_code and name in left and left[name] in (None, value) else value
+            for name, value in now.items()}
 
 
 def current_run(model: Any) -> Run | None:

@@ -196,9 +196,11 @@ def test_a_second_run_on_the_same_model_records_the_learning_rate_in_code_as_a_f
     """The first run's schedule left the optimizer's learning rate (and the clock its minibatch_size) moved; the second
     run on the same model recorded those as set in code, and its resume in a model built anew (a new process, the same
     code) said the code had changed them. A value the last run left is now the one that run had in code; a value the
-    user assigned since still is the code's (and is named). Under kfit.fit a rerun of the same model after a crash
-    resumes without a note as well (Keras tells no callback of a model.fit that raised). The last resume has no
-    schedule: one that sets the rate before every step is told nothing of the rate in code (it plays no part)."""
+    user assigned since still is the code's (and is named). A rerun of the same model after a crash resumes without a
+    note and records the same: under model.fit too, where Keras tells no callback of a fit that raised (the rerun took
+    the record of the run before the crashed one, and its checkpoints said the code set learning_rate=0.01 where the
+    user had assigned 0.02: the last resume said nothing). The last resume has no schedule: one that sets the rate
+    before every step is told nothing of the rate in code (it plays no part)."""
     x, y = data(96)
     schedule = kfit.schedules.learning_rate_per_sample([0.001, 0.0005], epoch_size=96)
 
@@ -225,14 +227,55 @@ def test_a_second_run_on_the_same_model_records_the_learning_rate_in_code_as_a_f
         if assigned is not None:
             model.optimizer.learning_rate.assign(assigned)
         notes(model, path, _CrashAtEpoch(1, step=2))  # (the learning rate moves past the checkpoint's)
-        if loop == "kfit.fit":
-            assert notes(model, path, _CrashAtEpoch(2)) == []  # the same model, rerun
+        assert notes(model, path, _CrashAtEpoch(2, step=2)) == []  # the same model, rerun
         said = notes(make_model(), path, scheduled=False)
         if assigned is None:
             assert said == []
         else:
             assert len(said) == 1 and "This code sets the optimizer's learning_rate=0.01; the run that wrote the " \
                 "checkpoint" in said[0] and "set learning_rate=0.02, and the checkpoint's learning_rate=" in said[0], said
+
+
+def test_a_rerun_after_a_model_fit_that_raised_records_the_value_in_code_its_restore_had_replaced(tmp_path):
+    """Code changed to learning_rate=0.05 resumed (under model.fit) a checkpoint of 0.01, with the note, and raised;
+    its rerun on the same model, the same code, recorded the restored 0.01 as set in code (Keras tells no callback of
+    a fit that raised, so nothing said what that run had in code), and a later resume of the same code said "This
+    code sets the optimizer's learning_rate=0.05; the run that wrote the checkpoint set learning_rate=0.01". The
+    restore step records what a run starts from: the rerun records 0.05, and a value the user assigned after the
+    crash is still the code's, and named."""
+    x, y = data(96)
+
+    def notes(model, path, crash_epoch=None):
+        crash = [_CrashAtEpoch(crash_epoch, step=2)] if crash_epoch is not None else []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                model.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0, callbacks=[
+                    kfit.callbacks.SampleClock(batch_size=16, num_samples=96),
+                    kfit.callbacks.Checkpoint(path, async_write=False), *crash])
+            except RuntimeError as error:
+                assert crash and str(error) == "crash"
+        return [str(w.message) for w in caught if "optimizer's" in str(w.message)]
+
+    def in_code(rate):
+        model = make_model()
+        model.optimizer.learning_rate.assign(rate)
+        return model
+
+    for assigned in (None, 0.02):
+        path = tmp_path / str(assigned) / "run.ckpt"
+        notes(in_code(0.01), path, crash_epoch=1)
+        model = in_code(0.05)
+        assert len(notes(model, path, crash_epoch=2)) == 1  # (0.05 in code, 0.01 restored)
+        if assigned is not None:
+            model.optimizer.learning_rate.assign(assigned)
+        said = notes(model, path, crash_epoch=3)  # the same model, rerun
+        if assigned is None:
+            assert said == []
+        else:
+            assert len(said) == 1 and "This code sets the optimizer's learning_rate=0.02; the run that wrote the " \
+                "checkpoint" in said[0] and "set learning_rate=0.05, and the checkpoint's learning_rate=0.01" in said[0], said
+        assert notes(in_code(assigned or 0.05), path) == []
 
 
 @pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])

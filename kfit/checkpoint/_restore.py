@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kfit import _backend
-from kfit._run import Run, hyperparameters_set_in_code
+from kfit._run import Run, hyperparameters_set_in_code, record_hyperparameters
 from kfit.checkpoint import CheckpointInfo, _format, _info, _run_status, _state
 from kfit.checkpoint._format import CheckpointCorruptError, CheckpointError, CheckpointMismatchError
 from kfit.distributed._notices import warn_job
@@ -67,6 +67,9 @@ def restore_run(run: Run) -> bool:
         if resumed is not None:
             callback.restored_from, callback.finished_before = resumed.info, resumed.finished
             finished = finished or resumed.finished
+    # (what the run leaves, if it never ends: a model.fit that raised tells no callback)
+    started = _state.hyperparameters(_state.model_variables(run.model)["optimizer"])
+    record_hyperparameters(run, started | dict.fromkeys(_state.set_before_steps(run) & set(started)))
     return finished
 
 
