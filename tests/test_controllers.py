@@ -227,6 +227,28 @@ def test_reduce_lr_on_plateau_without_a_schedule_sets_the_optimizer_in_the_loop(
     assert reduce.learning_rate() == pytest.approx(0.0125)
 
 
+
+@pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
+def test_reduce_lr_on_plateau_refuses_an_optimizer_with_a_keras_schedule_before_training(loop):
+    """An optimizer whose rate is a ``keras.optimizers.schedules.LearningRateSchedule`` has no rate to set: the
+    callback refuses it before the first step (it failed at the first epoch's end, an epoch of training lost)."""
+    model = classifier()
+    model.compile(optimizer=keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.1, 2, 0.8)),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    before = [keras.ops.convert_to_numpy(v) for v in model.weights]
+    reduce = ReduceLROnPlateau("loss", factor=0.5, patience=0)
+    x, y = digits(0, 100)
+    with pytest.raises(ValueError, match=r"ReduceLROnPlateau sets the optimizer's learning rate.*refused before "
+                                         r"training.*ExponentialDecay.*float `learning_rate`"):
+        if loop == "model.fit":
+            model.fit(x, y, batch_size=50, epochs=2, verbose=0,
+                      callbacks=[kfit.callbacks.SampleClock(batch_size=50, num_samples=100), reduce])
+        else:
+            kfit.fit(model, x, y, minibatch_size=50, epochs=2, verbose=0, callbacks=[reduce])
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 0  # not a step trained
+    for a, b in zip(before, model.weights):
+        np.testing.assert_array_equal(a, keras.ops.convert_to_numpy(b))
+
 # -- state: decisions identical across a get_state / set_state --------------------------------------
 def _json_like(state: dict) -> dict:
     """What a checkpoint gives back: lists for arrays, plain numbers."""

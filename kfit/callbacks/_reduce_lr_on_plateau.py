@@ -194,6 +194,14 @@ class ReduceLROnPlateau(MonitorCallback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         super().on_train_begin(logs)
+        if self._schedule_callback() is None:
+            try:  # refused now, not at the first epoch's end (a schedule callback refuses such an optimizer itself)
+                self._optimizer_variable()
+            except ValueError as error:
+                raise ValueError(
+                    "kfit.callbacks.ReduceLROnPlateau sets the optimizer's learning rate and cannot set this one, so it "
+                    f"is refused before training. {error} (as kfit.callbacks.LearningRateSchedule: a reduction then "
+                    "scales its rate)") from None
         if self.stopped:
             self.training_model.stop_training = True
 
