@@ -59,7 +59,9 @@ class ReduceLROnPlateau(MonitorCallback):
         name: the key of this callback's state in checkpoints.
 
     Raises:
-        ValueError: an argument out of range, named with the value received.
+        ValueError: an argument out of range, named with the value received; when training begins, an optimizer
+            whose ``learning_rate`` is a ``keras.optimizers.schedules.LearningRateSchedule`` or a callable (a rate
+            it cannot set) in a run without a ``LearningRateSchedule``.
 
     Example:
         >>> import kfit
