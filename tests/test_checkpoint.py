@@ -782,6 +782,28 @@ def test_a_checkpoint_of_another_dtype_policy_is_refused_naming_the_policy(tmp_p
         kfit.load_checkpoint(path, model)
 
 
+
+@pytest.mark.parametrize("saved, resumed, option, has", [
+    (dict(gradient_accumulation_steps=2), {}, "gradient_accumulation_steps", "the checkpoint's"),
+    ({}, dict(use_ema=True), "use_ema", "this model's"),
+    (dict(amsgrad=True), {}, "amsgrad", "the checkpoint's"),
+])
+def test_a_run_resumed_with_other_optimizer_options_is_refused_naming_the_option(saved, resumed, option, has, tmp_path):
+    """An option that adds optimizer variables (Keras's gradient accumulators, moving averages, AMSGrad's maxima),
+    given in one run and not in the other: the refusal named only the two variables met in one place."""
+    x, y = data()
+    path = tmp_path / "run.ckpt"
+
+    def fit(options):
+        model = make_model(dropout=False)
+        model.compile(optimizer=keras.optimizers.Adam(0.01, **options), loss="mse")
+        kfit.fit(model, x, y, epochs=1, callbacks=[kfit.callbacks.Checkpoint(path, async_write=False)], **FIT)
+
+    fit(saved)
+    with pytest.raises(CheckpointMismatchError, match=rf"optimizer option `{option}`: {has} optimizer has it.*compile "
+                                                      "with the optimizer options of the run that saved it"):
+        fit(resumed)
+
 def test_missing_file(tmp_path):
     x, y = data()
     model = built(make_model(), x)

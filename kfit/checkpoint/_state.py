@@ -434,6 +434,22 @@ def _describe(path: str, shape: Any, dtype: str) -> str:
     return f"{path!r} (shape {tuple(shape)}, {dtype})"
 
 
+#: The ends of the names of the optimizer variables that an option adds (Keras's names).
+_OPTION_VARIABLES = {"_gradient_accumulator": "gradient_accumulation_steps", "_average": "use_ema",
+                     "_velocity_hat": "amsgrad"}
+
+
+def _option_hint(group: str, mine: str, theirs: str) -> str:
+    """Where one of two optimizer variables met in one place is one that an option adds and the other is not: that
+    option, and which optimizer has it (a run resumed with other optimizer options); else ''."""
+    for end, option in _OPTION_VARIABLES.items() if group == "optimizer" else ():
+        if mine.endswith(end) != theirs.endswith(end):
+            has, lacks = ("this model's", "the checkpoint's") if mine.endswith(end) else ("the checkpoint's", "this model's")
+            return (f" (a variable of the optimizer option `{option}`: {has} optimizer has it, {lacks} not; compile "
+                    f"with the optimizer options of the run that saved it)")
+    return ""
+
+
 def _match_group(group: str, variables: list, saved: list[str], arrays: dict, file: str) -> list[tuple[Any, np.ndarray]]:
     """Pairs each variable with its array, by path, else by position when the paths differ only in Keras's
     automatic numbering (a model built twice in one process). Raises naming the first variable that differs."""
@@ -447,10 +463,12 @@ def _match_group(group: str, variables: list, saved: list[str], arrays: dict, fi
         for i, v in enumerate(variables):
             mine = _describe(v.path, v.shape, keras.backend.standardize_dtype(v.dtype))
             if i >= len(saved):
-                problem = f"{group} variable {mine} is not in it (it holds only {len(saved)} {group} variables)"
+                problem = (f"{group} variable {mine} is not in it (it holds only {len(saved)} {group} variables)"
+                           + _option_hint(group, v.path, ""))
             elif _normalized(v.path) != _normalized(saved[i]) or tuple(v.shape) != stored[i].shape:
                 theirs = _describe(saved[i], stored[i].shape, stored[i].dtype.name)
-                problem = f"{group} variable {mine} differs from the checkpoint's {theirs} in its place"
+                problem = (f"{group} variable {mine} differs from the checkpoint's {theirs} in its place"
+                           + _option_hint(group, v.path, saved[i]))
             else:
                 continue
             raise CheckpointMismatchError(
@@ -460,7 +478,8 @@ def _match_group(group: str, variables: list, saved: list[str], arrays: dict, fi
         if len(saved) > len(current):
             raise CheckpointMismatchError(
                 f"The checkpoint {file!r} does not fit this model: it holds {len(saved)} {group} variables and "
-                f"the model {len(current)}; the first one the model lacks is {saved[len(current)]!r}. Restore into "
+                f"the model {len(current)}; the first one the model lacks is {saved[len(current)]!r}"
+                f"{_option_hint(group, '', saved[len(current)])}. Restore into "
                 "a model (and optimizer) built like the one that saved it."
             )
     pairs = []
