@@ -804,6 +804,25 @@ def test_a_run_resumed_with_other_optimizer_options_is_refused_naming_the_option
                                                       "with the optimizer options of the run that saved it"):
         fit(resumed)
 
+
+def test_loading_a_runs_checkpoint_into_a_model_outside_a_run_says_nothing_of_its_callbacks(tmp_path):
+    """``kfit.load_checkpoint(path, model)`` of a kfit.fit run's file, the way to get the trained model back: it warned
+    that the file 'holds the state of callbacks [...], which this run does not have' (there is no run; kfit's own
+    epoch summaries, and any callback of the run, are not asked for). Inside a run the note stays."""
+    x, y = data()
+    path = tmp_path / "run.ckpt"
+    model = make_model()
+    kfit.fit(model, x, y, epochs=2, callbacks=[kfit.callbacks.Checkpoint(path, async_write=False),
+                                                kfit.callbacks.EarlyStopping("loss", patience=5)], **FIT)
+    fresh = built(make_model(), x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kfit.load_checkpoint(path, fresh)
+    for a, b in zip(model.weights, fresh.weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+    with pytest.warns(UserWarning, match=r"holds the state of callbacks \['early_stopping'\], which this run does not"):
+        kfit.fit(make_model(), x, y, epochs=3, callbacks=[kfit.callbacks.Checkpoint(path, async_write=False)], **FIT)
+
 def test_missing_file(tmp_path):
     x, y = data()
     model = built(make_model(), x)

@@ -727,7 +727,7 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
         elif saved_states and callback.get_state():  # (a file saved without callbacks: no note for each)
             restore.notes.append(f"The checkpoint {file!r} holds no state for callback {key!r}: it starts afresh.")
     unused = sorted(set(saved_states) - set(keyed))
-    if unused:
+    if unused and keyed:  # (not for load_checkpoint(path, model) outside a run: no callbacks asked for)
         restore.notes.append(f"The checkpoint {file!r} holds the state of callbacks {unused}, which this run does not have.")
     restore.renamed = _renamed_outputs(meta["model"].get("outputs"), _output_names(model))
     if parts.history is not None and meta.get("history"):
