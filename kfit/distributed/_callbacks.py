@@ -7,16 +7,53 @@ them there is harmless), and :class:`LearningRateWarmupCallback` works under bot
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import keras
 
 from kfit import _backend, _checks
 from kfit._run import current_run
-from kfit.distributed import _check_rank, rank, size
+from kfit.distributed import _check_rank, _select, rank, size
+
+# The model.fit of each model whose lone stop a callback has handed to the engine (the callbacks of one fit share
+# Keras's ``params`` dict): one leave per fit, whichever of the callbacks below is listed.
+_left: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+class _LeavesAtALoneStop(keras.callbacks.Callback):
+    """Tells the engine when this worker's ``model.fit`` ends at a stop before its last step (``model.stop_training``
+    set by a callback): Horovod then joins, and a worker that trains on fails in its next step, naming the cause and
+    :class:`AgreedStopCallback`, instead of hanging. A stop inside an epoch leaves before
+    :class:`MetricAverageCallback`'s epoch-end allreduce, which the others would not join; any other stop as training
+    ends. Costs a read of ``optimizer.iterations`` as each epoch begins and ends."""
+
+    _epoch = 0
+    _iterations_at_epoch_begin = 0
+
+    def _iterations(self) -> int:
+        return int(_backend.read_variable(self._model, self._model.optimizer.iterations))
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if size() > 1 and getattr(self._model, "optimizer", None) is not None:
+            self._epoch, self._iterations_at_epoch_begin = epoch, self._iterations()
+
+    def _leave_at_a_stop(self, epoch_ended: bool) -> None:
+        """Leaves if this worker stopped before the end of its epoch, or (``epoch_ended`` False) of its training."""
+        model, params = self._model, self.params or {}
+        if size() == 1 or not model.stop_training or getattr(model, "optimizer", None) is None or _left.get(model) is params:
+            return
+        steps, epochs = self._iterations() - self._iterations_at_epoch_begin, params.get("epochs") or 0
+        if (epoch_ended or self._epoch + 1 >= epochs) and (not params.get("steps") or steps >= params["steps"]):
+            return  # the epoch's (or the training's) planned end: every worker gets there
+        _left[model] = params
+        _select.current().leave(f"model.fit stopped after step {steps} of epoch {self._epoch + 1} of {epochs}")
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self._leave_at_a_stop(epoch_ended=False)
+
+
+class BroadcastGlobalVariablesCallback(_LeavesAtALoneStop):
     """Broadcasts rank ``root_rank``'s model and optimizer variables to every worker when training begins.
 
     Every worker then starts from the same weights, whatever its random initialization, or from the
@@ -57,7 +94,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = True
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class MetricAverageCallback(_LeavesAtALoneStop):
     """Combines the epoch's metrics over the workers, so that every worker logs the same numbers.
 
     At each epoch end, the training metrics become the ones of all the workers' samples: where the model's metrics
@@ -81,6 +118,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
         self._taken: tuple | None = None
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        super().on_epoch_begin(epoch, logs)
         self._taken = None
 
     def on_test_begin(self, logs: dict | None = None) -> None:
@@ -96,6 +134,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
             return
         from kfit.distributed import _state
 
+        self._leave_at_a_stop(epoch_ended=True)  # (a stop inside the epoch: the others are in their next step)
         validated, self._taken = self._taken, None
         taken = validated or _state.take_training_metrics(self.model)
         val_count = _state.local_sample_count(self.model) if validated else taken[1]
@@ -111,7 +150,9 @@ class AgreedStopCallback(keras.callbacks.Callback):
 
     Under ``model.fit`` on several workers a stop decided on one worker only (a callback setting
     ``model.stop_training``: Keras's ``TerminateOnNaN``, its ``EarlyStopping`` on the worker's own metric, your own
-    callback) ends that worker's ``model.fit`` alone, and the others fail in their next gradient allreduce. Put this
+    callback) ends that worker's ``model.fit`` alone, and the job fails (under Horovod, with
+    :class:`BroadcastGlobalVariablesCallback` or :class:`MetricAverageCallback` listed, the others' next step raises an
+    error that names this callback; without either of them, Horovod's own error, or a hang). Put this
     callback last in ``model.fit``'s list: after every step and at every epoch end, the workers agree (one allreduce
     of two integers) and every worker stops if any worker's ``model.stop_training`` is set. The same allreduce agrees
     on a SIGTERM caught by ``kfit.callbacks.Checkpoint(save_on_preemption=True)`` on any worker, as :func:`kfit.fit`

@@ -110,6 +110,10 @@ class Engine(abc.ABC):
     def check_step_compilable(self) -> None:  # noqa: B027 - most engines have nothing to refuse
         """Raises ValueError when the step being traced is compiled in a way the engine cannot run in."""
 
+    def leave(self, where: str) -> None:  # noqa: B027 - the native engines' collectives fail by themselves
+        """Called when this worker's ``model.fit`` ended at a stop before its last step (``where`` says which): the
+        Horovod engine joins (the others' next step, short of this worker, fails with the cause) and waits there."""
+
     def before_host_collective(self) -> None:  # noqa: B027 - most engines need no barrier
         """Called before the per-step host collective (the stop flag), e.g. to wait for the step's own."""
 

@@ -24,7 +24,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from kfit.distributed._engine import Engine
+from kfit.distributed._engine import Engine, WorkerLostError
 
 BACKEND = keras.backend.backend()
 
@@ -131,16 +131,50 @@ def broadcast_bytes(payload: bytes | None, root_rank: int, name: str) -> bytes:
 
 
 # -- the gradient sum inside the compiled train step --------------------------------------------------
+# Every worker's step sum carries one more number, 1 (its presence): a worker whose model.fit ended joined Horovod
+# (:meth:`HorovodEngine.leave`) and gives zeros to the others' allreduces instead, so a step that sums fewer than ``size()`` is
+# refused (:func:`left_message`) instead of training on, or hanging in the next host collective.
+def left_message(gone: Any) -> str:
+    """The error of a step that ``gone`` of the workers did not take part in: their model.fit had ended (no
+    apostrophes: TensorFlow's assertion error escapes them)."""
+    return (
+        f"kfit.distributed: the train step of rank {plugin().rank()} found {gone} of the {plugin().size()} workers gone: "
+        "their model.fit ended while this worker trained on. A callback set model.stop_training on those workers "
+        "alone (keras.callbacks.EarlyStopping deciding on the logs of one worker, TerminateOnNaN, a callback of yours): "
+        "list kfit.distributed.AgreedStopCallback() after the callbacks that stop training, in the callbacks of "
+        "model.fit, and every worker stops after the same step (kfit.fit agrees by itself). The logs of the other "
+        "workers say where they stopped.")
+
+
 def _tf_step_sum(tensors: list, name: str, average: bool) -> list:
+    import tensorflow as tf
+
     hvd = plugin()
     op = hvd.Average if average else hvd.Sum
-    return list(hvd.grouped_allreduce(tensors, op=op, name=_tf_name(name), ignore_name_scope=True))
+    out = list(hvd.grouped_allreduce([*tensors, tf.ones([1], tf.float32)], op=op, name=_tf_name(name),
+                                     ignore_name_scope=True))
+    present = out.pop()[0] * (hvd.size() if average else 1)
+    message = tf.strings.format(left_message("{}"), [hvd.size() - tf.cast(tf.round(present), tf.int32)])
+    check = tf.debugging.Assert(present > hvd.size() - 0.5, [message])
+    with tf.control_dependencies([check]):
+        return [tf.identity(t) for t in out]
 
 
 def _torch_step_sum(tensors: list, name: str, average: bool) -> list:
+    import torch
+
     hvd = plugin()
     op = hvd.Average if average else hvd.Sum
-    return list(_torch_wait(hvd.grouped_allreduce_async([t.contiguous() for t in tensors], op=op, name=name)))
+    host = [*(t.contiguous() for t in tensors), torch.ones(1, dtype=torch.float32)]
+    out = list(_torch_wait(hvd.grouped_allreduce_async(host, op=op, name=name)))
+    _check_present(float(out.pop()[0]), average)
+    return out
+
+
+def _check_present(flag: float, average: bool) -> None:
+    present = flag * plugin().size() if average else flag  # the workers in the step, from their summed flags
+    if present < plugin().size() - 0.5:
+        raise WorkerLostError(left_message(plugin().size() - round(present)))
 
 
 def _jax_step_sum(tensors: list, name: str, average: bool) -> list:
@@ -159,7 +193,8 @@ def _jax_step_sum(tensors: list, name: str, average: bool) -> list:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # torch warns about read-only arrays
             host = [torch.from_numpy(_contiguous(np.asarray(a))) for a in arrays]
-        out = _torch_wait(hvd.grouped_allreduce_async(host, op=op, name=name))
+        out = list(_torch_wait(hvd.grouped_allreduce_async([*host, torch.ones(1)], op=op, name=name)))
+        _check_present(float(out.pop()[0]), average)
         return [o.numpy() for o in out]
 
     return list(io_callback(reduce_on_host, shapes, *tensors, ordered=True))
@@ -202,6 +237,16 @@ def check_step_compilable(model: Any = None) -> None:
         )
 
 
+def _join() -> None:
+    """Horovod's join: waits until every worker has joined, giving zeros to the allreduces of those not joined."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        tf.function(plugin().join)()  # eager TensorFlow runs hvd.join() once per process, then returns at once
+    else:
+        plugin().join()
+
+
 class HorovodEngine(Engine):
     """The Horovod engine: this module's functions behind :class:`kfit.distributed._engine.Engine`."""
 
@@ -236,6 +281,17 @@ class HorovodEngine(Engine):
 
     def check_step_compilable(self) -> None:
         check_step_compilable()
+
+    def leave(self, where: str) -> None:
+        try:
+            _join()  # gives zeros to the others' allreduces (their next step refuses them) until all join
+        except Exception as error:  # (HorovodInternalError, or TensorFlow's error of the op): a worker failed
+            raise WorkerLostError(
+                f"kfit.distributed: rank {self.rank()} of {self.size()} stopped training alone ({where}), and the "
+                f"others went on: a callback set model.stop_training on this worker only (Keras's EarlyStopping on "
+                f"its own logs, TerminateOnNaN, your own callback). List kfit.distributed.AgreedStopCallback() after "
+                f"the callbacks that stop training, in model.fit's callbacks, and every worker stops after the same "
+                f"step (kfit.fit agrees by itself). ({type(error).__name__}: {error})") from error
 
     def before_host_collective(self) -> None:
         if BACKEND == "jax":
