@@ -36,7 +36,10 @@ Failures. When a worker dies, ``horovodrun`` ends the job: on one machine it see
 terminates the others at once ("Horovod detected that one or more processes exited with non-zero status
 ... Process name: 1, Exit code: 137"); across machines the others' next collective fails as the dead
 peer's connections close. A worker that hangs without dying is detected by Gloo's timeout,
-``HOROVOD_GLOO_TIMEOUT_SECONDS`` (30 s by default), after which the job fails the same way. Under the native
+``HOROVOD_GLOO_TIMEOUT_SECONDS`` (30 s by default), after which the job fails the same way. A stop that one worker
+decides alone under plain ``model.fit`` (``model.stop_training`` set there only) makes it join Horovod when
+:class:`BroadcastGlobalVariablesCallback` or :class:`MetricAverageCallback` is listed: the others' next train step
+fails, saying so and naming :class:`AgreedStopCallback`, which agrees on such stops. Under the native
 engine, the others' next collective fails at once when a peer dies (``WorkerLostError``, which names the
 collective and the rank; ``torchrun`` also stops the remaining workers), and a hung peer fails it after
 ``KFIT_COLLECTIVE_TIMEOUT`` seconds (120 by default). Run the same command again with a
