@@ -24,9 +24,10 @@ _left: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 class _LeavesAtALoneStop(keras.callbacks.Callback):
     """Tells the engine when this worker's ``model.fit`` ends at a stop before its last step (``model.stop_training``
     set by a callback): Horovod then joins, and a worker that trains on fails in its next step, naming the cause and
-    :class:`AgreedStopCallback`, instead of hanging. A stop inside an epoch leaves before
-    :class:`MetricAverageCallback`'s epoch-end allreduce, which the others would not join; any other stop as training
-    ends. Costs a read of ``optimizer.iterations`` as each epoch begins and ends."""
+    :class:`AgreedStopCallback`, instead of hanging. A stop inside an epoch leaves as the validation begins or the
+    epoch ends, before :class:`MetricAverageCallback`'s collectives there (list these callbacks before other callbacks
+    with collectives, as Horovod's examples do); any other stop as training ends. Costs a read of
+    ``optimizer.iterations`` as each epoch begins and ends."""
 
     _epoch = 0
     _iterations_at_epoch_begin = 0
@@ -48,6 +49,12 @@ class _LeavesAtALoneStop(keras.callbacks.Callback):
             return  # the epoch's (or the training's) planned end: every worker gets there
         _left[model] = params
         _select.current().leave(f"model.fit stopped after step {steps} of epoch {self._epoch + 1} of {epochs}")
+
+    def on_test_begin(self, logs: dict | None = None) -> None:  # (model.fit validates after a stop inside the epoch)
+        self._leave_at_a_stop(epoch_ended=True)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._leave_at_a_stop(epoch_ended=True)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._leave_at_a_stop(epoch_ended=False)
@@ -124,6 +131,7 @@ class MetricAverageCallback(_LeavesAtALoneStop):
     def on_test_begin(self, logs: dict | None = None) -> None:
         # model.fit validates through model.evaluate, which resets the metrics: take the training metrics first
         # (model.fit has synced the state on JAX by now).
+        super().on_test_begin(logs)
         if self._taken is None and size() > 1:
             from kfit.distributed import _state
 
@@ -134,7 +142,7 @@ class MetricAverageCallback(_LeavesAtALoneStop):
             return
         from kfit.distributed import _state
 
-        self._leave_at_a_stop(epoch_ended=True)  # (a stop inside the epoch: the others are in their next step)
+        super().on_epoch_end(epoch, logs)  # (a stop inside the epoch: the others are in their next step)
         validated, self._taken = self._taken, None
         taken = validated or _state.take_training_metrics(self.model)
         val_count = _state.local_sample_count(self.model) if validated else taken[1]

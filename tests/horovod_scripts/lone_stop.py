@@ -3,7 +3,7 @@
     horovodrun --gloo -np 2 -H localhost:2 python tests/horovod_scripts/lone_stop.py OUT_DIR {step|epoch}
 
 First both workers stop after the same step (no AgreedStopCallback needed): model.fit returns on both and the job
-goes on. Then rank 1 alone stops, after its third step (``step``) or as its second epoch ends (``epoch``), while
+goes on. Then rank 1 alone stops (model.fit validating after each epoch, as after a stop), after its third step (``step``) or as its second epoch ends (``epoch``), while
 rank 0 trains on: the job must fail promptly with kfit's message naming AgreedStopCallback, on both workers.
 """
 
@@ -46,7 +46,7 @@ def train(stop: Stop) -> keras.Model:
     mine = slice(RANK * 32, RANK * 32 + 32)
     net = common.model(init_seed=10)
     net.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=0.01)), loss="mse")
-    net.fit(x[mine], y[mine], batch_size=8, epochs=4, shuffle=False, verbose=0, callbacks=[
+    net.fit(x[mine], y[mine], batch_size=8, epochs=4, shuffle=False, verbose=0, validation_data=(x[:8], y[:8]), callbacks=[
         hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(), stop])
     return net
 
