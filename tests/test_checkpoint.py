@@ -805,6 +805,41 @@ def test_a_run_resumed_with_other_optimizer_options_is_refused_naming_the_option
         fit(resumed)
 
 
+@pytest.mark.parametrize("loss_scaled", [False, True])
+def test_a_run_resumed_with_other_optimizer_options_that_add_no_variable_says_which(tmp_path, loss_scaled):
+    """Options whose change adds no optimizer variable (gradient_accumulation_steps 2 -> 3, clipnorm, Keras SGD's
+    momentum and nesterov; a LossScaleOptimizer's inner optimizer's too): the resume went on without a word, as if
+    it were the same run. It still goes on (following the code), with one note naming each changed option and both
+    its values; an unchanged resume says nothing of them."""
+    x, y = data()
+    path = tmp_path / "run.ckpt"
+
+    def fit(epochs, **options):
+        model = make_model(dropout=False)
+        optimizer = keras.optimizers.SGD(0.01, **options)
+        model.compile(optimizer=keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaled else optimizer, loss="mse")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            kfit.fit(model, x, y, epochs=epochs, callbacks=[kfit.callbacks.Checkpoint(path, async_write=False)], **FIT)
+        return [str(w.message) for w in caught if "optimizer's" in str(w.message)]
+
+    saved = dict(gradient_accumulation_steps=2, clipnorm=1.0, momentum=0.9, nesterov=False)
+    assert fit(1, **saved) == []
+    assert fit(2, **saved) == []
+    said = fit(3, gradient_accumulation_steps=3, momentum=0.9, nesterov=True)
+    assert len(said) == 1, said
+    assert (f"The run that wrote the checkpoint {str(path)!r} used the optimizer's clipnorm=1.0, "
+            "gradient_accumulation_steps=2, nesterov=False; this code uses clipnorm=None, gradient_accumulation_steps=3, "
+            "nesterov=True: the resumed run follows the code.") in said[0], said
+    assert read_checkpoint_info(path).samples == 180  # (it went on to the end)
+
+    def older(meta):  # a file of an older kfit records no options: nothing to compare, and it loads
+        for level in (meta["optimizer"], meta["optimizer"].get("inner", {})):
+            level.pop("options", None)
+    edit_meta(path, older)
+    assert fit(4, **saved) == []
+
+
 def test_loading_a_runs_checkpoint_into_a_model_outside_a_run_says_nothing_of_its_callbacks(tmp_path):
     """``kfit.load_checkpoint(path, model)`` of a kfit.fit run's file, the way to get the trained model back: it warned
     that the file 'holds the state of callbacks [...], which this run does not have' (there is no run; kfit's own

@@ -94,7 +94,9 @@ def record(required: dict[str, Spec], optional_keys: dict[str, Spec] | None = No
     return check
 
 
-_NAMED = record({"name": STR, "class": STR})
+# The optimizer's options and a LossScaleOptimizer's inner optimizer (older files: neither).
+_NAMED = record({"name": STR, "class": STR}, {"options": dict_of(ANY)})
+_OPTIMIZER = record({"name": STR, "class": STR}, {"options": dict_of(ANY), "inner": _NAMED})
 META: Spec = record({
     "format": STR,
     "format_version": INT,
@@ -104,7 +106,7 @@ META: Spec = record({
     "created": STR,
     "kfit_fit": BOOL,
     "model": record({"name": STR, "class": STR}, {"outputs": list_of(STR)}),  # (older files: no outputs)
-    "optimizer": optional(_NAMED),
+    "optimizer": optional(_OPTIMIZER),
     "variables": record({"model": list_of(STR), "optimizer": list_of(STR), "metrics": list_of(STR)}),
     "clock": optional(record({"samples": COUNT, "minibatches": COUNT},
                              {"epoch_size": optional(COUNT), "minibatch_size": optional(COUNT)})),

@@ -13,6 +13,7 @@ callbacks' keys) and assigns only then, so a checkpoint that does not fit change
 from __future__ import annotations
 
 import datetime
+import json
 import random
 import re
 from collections.abc import Mapping
@@ -318,6 +319,49 @@ def hyperparameters(variables: list) -> dict[str, float]:
             if tuple(variable.shape) == () and "float" in keras.backend.standardize_dtype(variable.dtype)}
 
 
+def optimizer_description(optimizer: Any) -> dict:
+    """The optimizer's name, class and options (its ``get_config()`` as plain JSON data, less its name and the
+    options that it holds in variables: those are restored with the checkpoint, and the hyperparameter note names
+    their changes); a ``LossScaleOptimizer``'s inner optimizer as ``inner``. Options that ``get_config`` cannot
+    give are left out."""
+    description = {"name": optimizer.name, "class": type(optimizer).__name__}
+    try:
+        config = dict(optimizer.get_config())
+    except Exception:  # (an optimizer of the user's without get_config: its class is still checked)
+        return description
+    config.pop("inner_optimizer", None)  # (described apart, below)
+    inner = getattr(optimizer, "inner_optimizer", None)
+    skip = {"name", "initial_scale"}  # (a LossScaleOptimizer's scale goes on from its variable, dynamic_scale)
+    options = {key: value for key, value in config.items()
+               if key not in skip and not isinstance(getattr(optimizer, key, None), keras.Variable)}
+    # Plain data, as read back from the file (tuples as lists); what JSON cannot hold, by its type's name.
+    description["options"] = json.loads(json.dumps(options, default=lambda value: f"<{type(value).__name__}>"))
+    if inner is not None:
+        description["inner"] = optimizer_description(inner)
+    return description
+
+
+def _option_text(value: Any) -> str:
+    """An option's value as the note shows it: a serialized Keras object (a schedule) as ``Class(arg=value, ...)``."""
+    if isinstance(value, dict) and isinstance(value.get("class_name"), str) and isinstance(value.get("config"), dict):
+        arguments = ", ".join(f"{k}={_option_text(v)}" for k, v in sorted(value["config"].items()) if k != "name")
+        return f"{value['class_name']}({arguments})"
+    return repr(value)
+
+
+def _changed_options(saved: dict | None, now: dict) -> list[tuple[str, Any, Any]]:
+    """``(option, saved value, value now)`` for each option of the optimizer (and of its inner optimizer, where the
+    class is the same) whose value differs (an option that only one side records is not compared: older files
+    record none)."""
+    if not saved or saved.get("class") != now.get("class"):
+        return []
+    theirs, mine = saved.get("options") or {}, now.get("options") or {}
+    changed = [(key, theirs[key], mine[key]) for key in mine if key in theirs and theirs[key] != mine[key]]
+    if "inner" in now:
+        changed += _changed_options(saved.get("inner"), now["inner"])
+    return changed
+
+
 def set_before_steps(parts: Run) -> set[str]:
     """The names of the optimizer's scalar variables that the run sets before its steps, whatever the code set them
     to: a kfit ``LearningRateSchedule``'s or ``MomentumSchedule``'s, and, where the run's clock drives its steps, the
@@ -384,7 +428,7 @@ def collect(parts: Run, buffers: dict | None = None, epoch: int | None = None,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "kfit_fit": parts.kfit_fit,
         "model": {"name": model.name, "class": type(model).__name__, "outputs": _output_names(model)},
-        "optimizer": None if optimizer is None else {"name": optimizer.name, "class": type(optimizer).__name__},
+        "optimizer": None if optimizer is None else optimizer_description(optimizer),
         "variables": paths,
         "workers": {"count": workers, "metric_states": len(worker_metrics) if worker_metrics else 1},
         "clock": None if parts.clock is None else _encode(parts.clock.get_state(), arrays, "clock", "clock"),
@@ -659,6 +703,15 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
             f"train with the new value, assign it once the run has resumed (e.g. "
             f"model.optimizer.{changed[0]}.assign({now[changed[0]]:g}) in a callback's on_epoch_begin), or start over "
             "(restore=False)."
+        )
+    optimizer = getattr(model, "optimizer", None)
+    options = [] if optimizer is None else _changed_options(meta.get("optimizer"), optimizer_description(optimizer))
+    if options:
+        restore.notes.append(
+            f"The run that wrote the checkpoint {file!r} used the optimizer's "
+            f"{', '.join(f'{n}={_option_text(theirs)}' for n, theirs, _ in options)}; this code uses "
+            f"{', '.join(f'{n}={_option_text(mine)}' for n, _, mine in options)}: the resumed run follows the code. "
+            "To go on as the run began, compile the optimizer with the options it used."
         )
     for group in ("model", "optimizer"):
         restore.assignments += _match_group(group, variables[group], meta["variables"][group], arrays, file)
