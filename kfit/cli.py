@@ -73,14 +73,19 @@ def _text(info) -> str:
                      + _LAST_STEP * (info.minibatch_size is not None))
     # (the values the last step trained with: an epoch's shortened last minibatch, and the rate and momentum of
     # a per-sample schedule for its size, not the schedule's values for the next step)
-    hyper = info.hyperparameters
-    lines.append(f"learning rate:   {_number(hyper.get('learning_rate'))}" + _LAST_STEP * ("learning_rate" in hyper))
+    hyper, schedule = info.hyperparameters, info.learning_rate_schedule
+    if schedule:  # (a Keras LearningRateSchedule: its rate at the optimizer's step count, as Keras reads it)
+        lines.append(f"learning rate:   {p(schedule['class'])} at step {schedule['step']}: "
+                     f"{_number(schedule['value'])} (the next step's)")
+    else:
+        lines.append(f"learning rate:   {_number(hyper.get('learning_rate'))}" + _LAST_STEP * ("learning_rate" in hyper))
     if "momentum" in hyper:
         lines.append(f"momentum:        {_number(hyper['momentum'])}{_LAST_STEP}")
     others = {k: v for k, v in hyper.items() if k not in ("learning_rate", "momentum", "minibatch_size")}
     if others:
         lines.append("hyperparameters: " + ", ".join(f"{p(k)} = {_number(v)}" for k, v in sorted(others.items())))
-    lines.append(f"optimizer:       {p(info.optimizer or '-')}")
+    inner = f"({p(info.inner_optimizer)})" if info.inner_optimizer else ""
+    lines.append(f"optimizer:       {p(info.optimizer or '-')}{inner}")
     metrics = ", ".join(f"{p(k)} = {_number(v)}" for k, v in info.last_metrics.items()) or "-"
     lines.append(f"last metrics:    {metrics}")
     lines.append(f"resume:          {'exact (saved by kfit.fit)' if info.kfit_fit else 'from the epoch start (saved under model.fit)'}")

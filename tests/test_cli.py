@@ -200,3 +200,30 @@ def test_lazy_names_still_work():
     assert {"callbacks", "fit", "schedules"} <= set(dir(kfit))
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         kfit.nothing  # noqa: B018
+
+
+@pytest.mark.parametrize("loss_scaled", [False, True])
+def test_inspect_shows_a_learning_rate_schedule_and_the_optimizer_a_loss_scale_optimizer_wraps(tmp_path, capsys,
+                                                                                               loss_scaled):
+    """An optimizer whose learning rate is a Keras LearningRateSchedule has no learning_rate variable: `kfit inspect`
+    showed "learning rate:   -" (under a LossScaleOptimizer, its own unused rate, 0), and "optimizer:
+    LossScaleOptimizer" without the optimizer it wraps."""
+    path = tmp_path / "run.ckpt"
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=4, decay_rate=0.5))
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaled else optimizer, loss="mse")
+    x = np.ones((32, 3), "float32")
+    kfit.fit(model, x, x[:, :2], minibatch_size=8, epochs=2, seed=0, verbose=0,
+             callbacks=[kfit.callbacks.Checkpoint(path, async_write=False)])
+    assert cli(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    # 8 steps taken: the next step's rate is 0.1 * 0.5 ** (8 / 4)
+    assert "learning rate:   ExponentialDecay at step 8: 0.025 (the next step's)\n" in out, out
+    assert ("optimizer:       LossScaleOptimizer(SGD)\n" if loss_scaled else "optimizer:       SGD\n") in out, out
+    assert cli(["inspect", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["learning_rate_schedule"] == {"class": "ExponentialDecay", "step": 8, "value": pytest.approx(0.025)}
+    assert "learning_rate" not in info["hyperparameters"]
+    assert (info["optimizer"], info["inner_optimizer"]) == (("LossScaleOptimizer", "SGD") if loss_scaled else ("SGD", None))
+    assert info["optimizer_options"]["nesterov"] is False

@@ -68,6 +68,13 @@ class CheckpointInfo:
         last_metrics: the metrics of the last finished epoch.
         variables: every stored variable.
         optimizer: the optimizer's class name.
+        inner_optimizer: the class name of a ``LossScaleOptimizer``'s inner optimizer (None for another optimizer).
+        optimizer_options: the optimizer's ``get_config()`` less its name and the options it holds in variables
+            (those are among ``hyperparameters``); a ``LossScaleOptimizer``'s with its inner optimizer's. Empty for
+            files written before kfit recorded them.
+        learning_rate_schedule: where the learning rate is a Keras ``LearningRateSchedule`` (no variable, so not
+            among ``hyperparameters``): its ``class``, the optimizer's step count (``step``) and the schedule's rate
+            there (``value``), the next step's.
         kfit_fit: True when saved inside ``kfit.fit`` (exact mid-epoch resume possible).
         status: where the run stood when the file was written: ``"running"``, ``"complete"`` (it reached
             its ``epochs`` or ``max_samples``) or ``"stopped"`` (a callback stopped it); None for files
@@ -95,6 +102,9 @@ class CheckpointInfo:
     last_metrics: dict[str, float] = field(default_factory=dict)
     variables: list[VariableInfo] = field(default_factory=list)
     optimizer: str | None = None
+    inner_optimizer: str | None = None
+    optimizer_options: dict[str, Any] = field(default_factory=dict)
+    learning_rate_schedule: dict[str, Any] | None = None
     kfit_fit: bool = False
     status: str | None = None
     status_reason: str | None = None
@@ -124,7 +134,8 @@ def _info(path: str, meta: dict, checksum_ok: bool | None, problem: str | None =
         for i, variable_path in enumerate(meta["variables"].get(group, [])):
             entry = shapes[f"{group}/{i}"]
             variables.append(VariableInfo(group, variable_path, tuple(entry["shape"]), entry["dtype"]))
-    optimizer = meta.get("optimizer")
+    optimizer = meta.get("optimizer") or {}
+    inner = optimizer.get("inner") or {}
     return CheckpointInfo(
         path=path, format_version=meta["format_version"], kfit_version=meta.get("kfit_version", "?"),
         keras_version=meta.get("keras_version", "?"), backend=meta.get("backend", "?"), created=meta.get("created", "?"),
@@ -132,7 +143,9 @@ def _info(path: str, meta: dict, checksum_ok: bool | None, problem: str | None =
         samples_in_epoch=summary.get("samples_in_epoch"), epoch_size=summary.get("epoch_size"),
         minibatch_size=summary.get("minibatch_size"), hyperparameters=summary.get("hyperparameters", {}),
         last_metrics=summary.get("last_metrics", {}), variables=variables,
-        optimizer=None if optimizer is None else optimizer["class"], kfit_fit=bool(meta.get("kfit_fit")),
+        optimizer=optimizer.get("class"), inner_optimizer=inner.get("class"),
+        optimizer_options={**inner.get("options", {}), **optimizer.get("options", {})},
+        learning_rate_schedule=summary.get("learning_rate_schedule"), kfit_fit=bool(meta.get("kfit_fit")),
         status=meta.get("run", {}).get("status"), status_reason=meta.get("run", {}).get("reason"),
         checksum_ok=checksum_ok, problem=problem,
     )

@@ -124,6 +124,8 @@ META: Spec = record({
                                             "epoch_size", "minibatch_size")},
         "hyperparameters": dict_of(NUMBER),
         "hyperparameters_in_code": optional(dict_of(NUMBER)),
+        # A Keras LearningRateSchedule's class, the optimizer's step count and the next step's rate (older files: none).
+        "learning_rate_schedule": optional(record({"class": STR, "step": COUNT, "value": NUMBER})),
         "last_metrics": dict_of(NUMBER),
     }),
     "arrays": list_of(record({"name": STR, "shape": list_of(COUNT), "dtype": STR}, {"crc32": INT})),

@@ -300,6 +300,9 @@ def _summary(parts: Run, variables: dict, record: dict | None, epoch_logs: dict 
         metrics = {k: float(v) for k, v in epoch_logs.items() if _is_number(v)}
     elif record:
         metrics = {k: float(v[-1]) for k, v in record.items() if v and _is_number(v[-1])}
+    rates, schedule = hyperparameters(variables["optimizer"]), _learning_rate_schedule(parts.model)
+    if schedule is not None:  # (a LossScaleOptimizer's own learning_rate variable, 0, is not the rate)
+        rates.pop("learning_rate", None)
     return {
         "samples": None if clock is None else clock.samples,
         "minibatches": None if clock is None else clock.minibatches,
@@ -307,8 +310,9 @@ def _summary(parts: Run, variables: dict, record: dict | None, epoch_logs: dict 
         "samples_in_epoch": None if clock is None else clock.samples_in_epoch,
         "epoch_size": None if clock is None else clock.epoch_size,
         "minibatch_size": None if clock is None else clock.minibatch_size,
-        "hyperparameters": hyperparameters(variables["optimizer"]),
+        "hyperparameters": rates,
         "hyperparameters_in_code": parts.hyperparameters_in_code,
+        "learning_rate_schedule": schedule,
         "last_metrics": metrics,
     }
 
@@ -317,6 +321,20 @@ def hyperparameters(variables: list) -> dict[str, float]:
     """The scalar float variables of an optimizer (``learning_rate``, ``momentum``, ...) by name."""
     return {_name(variable): float(host_view(variable.value)) for variable in variables
             if tuple(variable.shape) == () and "float" in keras.backend.standardize_dtype(variable.dtype)}
+
+
+def _learning_rate_schedule(model: Any) -> dict | None:
+    """Where the optimizer's learning rate is a Keras ``LearningRateSchedule`` (not a variable, so not among the
+    hyperparameters): its class, the optimizer's step count and the rate of the next step (``optimizer.learning_rate``:
+    the schedule's value at that count)."""
+    optimizer = getattr(model, "optimizer", None)
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # (a LossScaleOptimizer's rate is its inner one's)
+    schedule = getattr(inner, "_learning_rate", None)
+    if not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        return None
+    step = int(host_view(inner.iterations))
+    return {"class": type(schedule).__name__, "step": step,
+            "value": float(keras.ops.convert_to_numpy(schedule(step)))}
 
 
 def optimizer_description(optimizer: Any) -> dict:
