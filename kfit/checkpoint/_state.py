@@ -848,12 +848,27 @@ def apply_restore(parts: Run, restore: _Restore, meta: dict, arrays: dict, rando
         model.reset_metrics()
     for variable, array in restore.assignments:
         variable.assign(array)
+    _set_again_before_next_step(current_run(model))
     parts.renamed_keys = restore.renamed
     if restore.history is not None:
         parts.history.history = {k: list(v) for k, v in restore.history["history"].items()}
         parts.history.epoch = list(restore.history["epoch"])
     for note in restore.notes:
         warn_job(note, stacklevel=3)
+
+
+def _set_again_before_next_step(run: Run | None) -> None:
+    """After a restore into a run in progress (``load_checkpoint`` from a callback or a custom loop), the optimizer's
+    minibatch size and scheduled values hold the checkpoint's: the run's clock driver and schedules, which set a value
+    only where it differs from the one they set last, set theirs again before the next step (nothing per step)."""
+    if run is None:
+        return
+    if run.driver is not None:
+        run.driver.applied = None
+    for callback in run.members():
+        reapply = getattr(callback, "_reapply", None)
+        if reapply is not None:
+            reapply()
 
 
 def _state_setter(owner: Any, state: Any):

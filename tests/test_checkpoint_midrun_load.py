@@ -1,0 +1,94 @@
+"""kfit.load_checkpoint in the middle of a run (from a callback at an epoch end) trains on as a resume of the same
+checkpoint does: what the run sets before its steps (the optimizer's minibatch size, a schedule's value) is set again
+from the restored state, not left as the checkpoint holds it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import kfit
+
+
+def make_model():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
+    model.compile(optimizer=kfit.optimizers.MomentumSGD(learning_rate=0.05, momentum=0.9), loss="mse")
+    return model
+
+
+def data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(100, 4)).astype("float32"), rng.normal(size=(100, 1)).astype("float32")
+
+
+class LoadAtEpochEnd(keras.callbacks.Callback):
+    def __init__(self, path, epoch):
+        super().__init__()
+        self.path, self.epoch = path, epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            kfit.load_checkpoint(self.path, self.model)
+
+
+def train(loop, model, epochs, callbacks):
+    x, y = data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the restore notes: checked elsewhere)
+        if loop == "kfit.fit":
+            sizes = kfit.schedules.minibatch_size([16, 20], epoch_size=100)  # epoch 1: 16 x 6 + 4; epoch 2: 20 x 5
+            kfit.fit(model, x, y, minibatch_size=sizes, epoch_size=100, epochs=epochs, shuffle=False, seed=5,
+                     verbose=0, callbacks=callbacks)
+        else:
+            model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
+                      callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=100), *callbacks])
+
+
+def assert_same_weights(a, b):
+    assert kfit.get_clock(a).samples == kfit.get_clock(b).samples
+    for va, vb in zip(a.variables, b.variables, strict=True):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(va.value), keras.ops.convert_to_numpy(vb.value),
+                                   rtol=1e-6, atol=1e-7, err_msg=va.path)
+
+
+def test_the_minibatch_size_is_set_again_after_a_load_in_the_middle_of_kfit_fit(tmp_path):
+    """The checkpoint of sample 100 holds minibatch_size=4 (the epoch's last step); loaded at the end of the second
+    epoch, whose steps were of 20, as the restored epoch's are: the clock's driver, which sets the size only when it
+    changes, left 4 for the whole epoch (with momentum, other weights than the resume's)."""
+    path = str(tmp_path / "c.ckpt")
+    train("kfit.fit", make_model(), 2, [kfit.callbacks.Checkpoint(path, preserve_all=True, async_write=False)])
+    first = path + ".100"
+    loaded = make_model()
+    train("kfit.fit", loaded, 3, [LoadAtEpochEnd(first, epoch=1)])  # trains samples 0-200, then 100-200 again
+    shutil.copy(first, tmp_path / "r.ckpt")
+    resumed = make_model()
+    train("kfit.fit", resumed, 2, [kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"), frequency="100ep")])
+    assert kfit.get_clock(loaded).samples == 200
+    assert_same_weights(loaded, resumed)
+
+
+@pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])
+def test_a_scheduled_value_is_set_again_after_a_load_in_the_middle_of_a_run(tmp_path, loop):
+    """A checkpoint written without a LearningRateSchedule (learning_rate=0.05), loaded at an epoch end of a run with
+    one (per sample 0.002: 0.032 for 16 samples): the schedule starts afresh, as in a resume, but it had set its value
+    for the coming steps already and skipped them, leaving 0.05 until the value changed."""
+    path = str(tmp_path / "c.ckpt")
+    train(loop, make_model(), 1, [kfit.callbacks.Checkpoint(path, async_write=False)])
+
+    def schedule():
+        return kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample(0.002))
+
+    loaded = make_model()
+    train(loop, loaded, 2, [schedule(), LoadAtEpochEnd(path, epoch=0)])  # trains samples 0-100, then 100-200
+    shutil.copy(path, tmp_path / "r.ckpt")
+    resumed = make_model()
+    train(loop, resumed, 2, [schedule(), kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"), frequency="100ep")])
+    assert kfit.get_clock(loaded).samples == 200
+    assert_same_weights(loaded, resumed)
+    assert os.path.exists(path)
