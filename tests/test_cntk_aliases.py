@@ -299,3 +299,20 @@ def test_momentum_sgd_says_how_a_cntk_learner_is_written_in_kfit():
                                         r"\(momentum\).*CNTK's l2_regularization_weight: see kfit.optimizers.MomentumSGD"):
         C.momentum_sgd([], C.learning_parameter_schedule(0.1), C.momentum_schedule(0.9), unit_gain=False,
                        l2_regularization_weight=0.01)
+
+
+def test_the_guide_gives_checkpoint_configs_arguments_in_cntks_order():
+    """docs/migrating-from-cntk.md named ``CheckpointConfig(filename, frequency, preserve_all, restore)``; CNTK's order
+    is ``(filename, frequency, restore, preserve_all)`` (cntk/train/training_session.py), the one Checkpoint's refusal
+    of a positional port names. What the guide writes for kfit (by keyword) keeps both meanings."""
+    from pathlib import Path
+
+    import kfit
+
+    guide = (Path(__file__).parent.parent / "docs" / "migrating-from-cntk.md").read_text()
+    assert "| `CheckpointConfig(filename, frequency, restore, preserve_all)` |" in guide
+    assert "`kfit.callbacks.Checkpoint(path, frequency, restore=..., preserve_all=...)`" in guide
+    with pytest.raises(ValueError, match=r"CheckpointConfig\(filename, frequency, restore, preserve_all\)"):
+        kfit.callbacks.Checkpoint("model_mn.cmf", 60000, False, True)  # CNTK: restore=False, preserve_all=True
+    ported = kfit.callbacks.Checkpoint("model_mn.cmf", 60000, restore=False, preserve_all=True)
+    assert (ported.restore, ported.preserve_all) == (False, True)
