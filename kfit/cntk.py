@@ -56,6 +56,7 @@ __all__ = [
     "DataUnit",
     "IGNORE",
     "UnitType",
+    "adam",
     "learning_parameter_schedule",
     "learning_parameter_schedule_per_sample",
     "learning_rate_schedule",
@@ -64,6 +65,8 @@ __all__ = [
     "momentum_sgd",
     "momentum_schedule",
     "momentum_schedule_per_sample",
+    "nesterov",
+    "sgd",
     "training_parameter_schedule",
 ]
 
@@ -330,6 +333,19 @@ def minibatch_size_schedule(schedule: Any, epoch_size: int | None = 1) -> Hyperp
     return minibatch_size(schedule, epoch_size)
 
 
+def _no_learner(name: str, optimizer: str, schedules: str, options: dict, also: str = "") -> NoReturn:
+    raise TypeError(
+        f"kfit.cntk.{name}: kfit has no CNTK learner object. Give the optimizer to the model and the schedules "
+        f"to kfit.fit: model.compile(optimizer={optimizer}, loss=..., metrics=[...]) and kfit.fit(model, x, y, ..., "
+        f"callbacks=[{schedules}]); leave the parameters out (the optimizer updates the model's trainable weights)"
+        + also + (f"; CNTK's {', '.join(sorted(options))}: see {optimizer.split('(')[0]}, which says what to write "
+                  "for each" if options else "") + "."
+    )
+
+
+_SGD_SCHEDULES = "kfit.callbacks.LearningRateSchedule(lr), kfit.callbacks.MomentumSchedule(momentum)"
+
+
 def momentum_sgd(parameters: Any = None, lr: Any = None, momentum: Any = None, unit_gain: bool = True,
                  **options: Any) -> NoReturn:
     """CNTK's ``momentum_sgd`` learner, which has no one-object counterpart in kfit: raises a TypeError saying
@@ -341,16 +357,50 @@ def momentum_sgd(parameters: Any = None, lr: Any = None, momentum: Any = None, u
     a NumPy reference) and ``callbacks=[kfit.callbacks.LearningRateSchedule(lr),
     kfit.callbacks.MomentumSchedule(momentum)]`` in ``kfit.fit``, with the schedules of this module. CNTK's
     other options are refused by ``MomentumSGD``, each saying what to write (``l2_regularization_weight``: a
-    kernel regularizer; ``gradient_clipping_threshold_per_sample``: ``clipvalue``).
+    kernel regularizer; ``gradient_clipping_threshold_per_sample``: ``clipvalue``). :func:`sgd`, :func:`nesterov`
+    and :func:`adam` do the same for CNTK's other learners of that name.
 
     Raises:
         TypeError: always, with the lines to write.
     """
-    raise TypeError(
-        "kfit.cntk.momentum_sgd: kfit has no CNTK learner object. Give the optimizer to the model and the schedules "
-        f"to kfit.fit: model.compile(optimizer=kfit.optimizers.MomentumSGD(unit_gain={unit_gain!r}), loss=..., "
-        "metrics=[...]) and kfit.fit(model, x, y, ..., callbacks=[kfit.callbacks.LearningRateSchedule(lr), "
-        "kfit.callbacks.MomentumSchedule(momentum)]); leave the parameters out (the optimizer updates the model's "
-        "trainable weights)" + (f"; CNTK's {', '.join(sorted(options))}: see kfit.optimizers.MomentumSGD, which "
-                                "says what to write for each" if options else "") + "."
-    )
+    _no_learner("momentum_sgd", f"kfit.optimizers.MomentumSGD(unit_gain={unit_gain!r})", _SGD_SCHEDULES, options)
+
+
+def nesterov(parameters: Any = None, lr: Any = None, momentum: Any = None, unit_gain: bool = True,
+             **options: Any) -> NoReturn:
+    """CNTK's ``nesterov`` learner: raises a TypeError saying what to write (as :func:`momentum_sgd`), with
+    ``kfit.optimizers.MomentumSGD(nesterov=True, unit_gain=g)``.
+
+    Raises:
+        TypeError: always, with the lines to write.
+    """
+    _no_learner("nesterov", f"kfit.optimizers.MomentumSGD(nesterov=True, unit_gain={unit_gain!r})", _SGD_SCHEDULES,
+                options)
+
+
+def sgd(parameters: Any = None, lr: Any = None, **options: Any) -> NoReturn:
+    """CNTK's ``sgd`` learner: raises a TypeError saying what to write (as :func:`momentum_sgd`), with
+    ``kfit.optimizers.MomentumSGD(momentum=0.0)`` (CNTK's ``w -= lr_s * G``, ``G`` the summed gradient) and a
+    ``LearningRateSchedule``.
+
+    Raises:
+        TypeError: always, with the lines to write.
+    """
+    _no_learner("sgd", "kfit.optimizers.MomentumSGD(momentum=0.0)", "kfit.callbacks.LearningRateSchedule(lr)", options)
+
+
+def adam(parameters: Any = None, lr: Any = None, momentum: Any = None, unit_gain: bool = True,
+         variance_momentum: Any = None, **options: Any) -> NoReturn:
+    """CNTK's ``adam`` learner: raises a TypeError saying what to write (as :func:`momentum_sgd`), with
+    ``kfit.optimizers.Adam``, whose ``beta_1`` a ``MomentumSchedule`` sets and whose ``beta_2`` is CNTK's
+    ``variance_momentum`` per minibatch. kfit's Adam is unit-gain (CNTK's default): ``unit_gain=False`` is named as
+    having no counterpart.
+
+    Raises:
+        TypeError: always, with the lines to write.
+    """
+    also = ("; variance_momentum is Adam's beta_2, per minibatch: a per-sample m_s (CNTK's default "
+            "momentum_schedule_per_sample(0.9999986111120757)) is beta_2=m_s ** B for minibatches of B samples")
+    if not unit_gain:
+        also += "; unit_gain=False has no counterpart: kfit's Adam is unit-gain (m += (1 - beta_1) * (g - m))"
+    _no_learner("adam", "kfit.optimizers.Adam()", _SGD_SCHEDULES + " (it sets beta_1)", options, also)

@@ -1,7 +1,9 @@
 """CNTK's schedule names: the advanced MNIST sample's schedules, and each alias's kfit meaning."""
 
 import math
+import re
 
+import keras
 import pytest
 
 from kfit import cntk as C
@@ -316,3 +318,24 @@ def test_the_guide_gives_checkpoint_configs_arguments_in_cntks_order():
         kfit.callbacks.Checkpoint("model_mn.cmf", 60000, False, True)  # CNTK: restore=False, preserve_all=True
     ported = kfit.callbacks.Checkpoint("model_mn.cmf", 60000, restore=False, preserve_all=True)
     assert (ported.restore, ported.preserve_all) == (False, True)
+
+
+@pytest.mark.parametrize("learner, optimizer, said", [
+    (lambda: C.sgd([], C.learning_rate_schedule(0.1, C.UnitType.minibatch)), "kfit.optimizers.MomentumSGD(momentum=0.0)",
+     r"LearningRateSchedule\(lr\)\]"),
+    (lambda: C.nesterov([], 0.1, 0.9, unit_gain=False), "kfit.optimizers.MomentumSGD(nesterov=True, unit_gain=False)",
+     r"MomentumSchedule\(momentum\)"),
+    (lambda: C.adam([], 0.1, 0.9, variance_momentum=0.9999986111120757, l2_regularization_weight=0.01),
+     "kfit.optimizers.Adam()", r"sets beta_1.*beta_2=m_s \*\* B.*CNTK's l2_regularization_weight: see kfit.optimizers.Adam"),
+    (lambda: C.adam([], 0.1, 0.9, unit_gain=False), "kfit.optimizers.Adam()", r"unit_gain=False has no counterpart"),
+])
+def test_cntks_other_learners_say_what_to_write(learner, optimizer, said):
+    """The CNTK guide's cntk.sgd (sections 5 and 6) and the migration guide's nesterov and adam were missing from
+    kfit.cntk (AttributeError after changing the imports); like momentum_sgd they raise a TypeError that writes the
+    kfit lines, and the optimizer it writes is one kfit builds."""
+    import kfit
+
+    with pytest.raises(TypeError, match=r"model\.compile\(optimizer=" + re.escape(optimizer) + ".*" + said) as raised:
+        learner()
+    written = re.search(r"optimizer=(.*?), loss=", str(raised.value)).group(1)
+    assert isinstance(eval(written, {"kfit": kfit}), keras.optimizers.Optimizer)
