@@ -22,6 +22,10 @@ class Clock:
         minibatches: training steps taken so far.
         epoch_size: samples per epoch, or None while unknown.
         minibatch_size: the global size of the minibatch being trained (set before each step).
+        epoch_start: ``(epoch, samples)``, the epoch in progress and the samples trained before it began, where
+            epochs are not all ``epoch_size`` samples (Keras's epochs on a source read on across its passes with
+            ``steps_per_epoch``, which end early where a pass ends: kept by ``kfit.fit`` as each epoch ends); None:
+            every epoch is ``epoch_size`` samples.
 
     Example:
         >>> clock = Clock(epoch_size=100)
@@ -34,6 +38,7 @@ class Clock:
     minibatches: int = 0
     epoch_size: int | None = None
     minibatch_size: int | None = None
+    epoch_start: tuple[int, int] | None = None
     #: ``(samples, minibatches)`` before the steps the last count took together (Keras runs several per call of
     #: its train function with ``compile(steps_per_execution=N)``), so that :meth:`crossed` sees them all; None
     #: when one step was counted.
@@ -43,10 +48,23 @@ class Clock:
         _checks.count("samples", self.samples)
         _checks.count("minibatches", self.minibatches)
         _checks.count("epoch_size", self.epoch_size, low=1, allow_none=True)
+        self.epoch_start = self._checked_epoch_start(self.epoch_start, self.samples)
+
+    @staticmethod
+    def _checked_epoch_start(value: Any, samples: int) -> tuple[int, int] | None:
+        if value is None:
+            return None
+        if (not isinstance(value, (list, tuple)) or len(value) != 2 or any(type(v) is not int or v < 0 for v in value)
+                or value[1] > samples):
+            raise ValueError("Invalid value for argument `epoch_start`: expected (epoch, samples before it), two "
+                             f"integers >= 0, the samples at most the clock's {samples}. Received: epoch_start={value!r}")
+        return int(value[0]), int(value[1])
 
     @property
     def epoch(self) -> int:
         """Index of the epoch the next sample belongs to (0 before training)."""
+        if self.epoch_start is not None:
+            return self.epoch_start[0]
         if not self.epoch_size:
             return 0
         return self.samples // self.epoch_size
@@ -54,13 +72,16 @@ class Clock:
     @property
     def samples_in_epoch(self) -> int:
         """Samples already consumed in the current epoch."""
+        if self.epoch_start is not None:
+            return self.samples - self.epoch_start[1]
         if not self.epoch_size:
             return self.samples
         return self.samples - self.epoch * self.epoch_size
 
     def epoch_end(self, epoch: int | None = None) -> int | None:
-        """The sample count at which ``epoch`` (default: the current one) ends."""
-        if not self.epoch_size:
+        """The sample count at which ``epoch`` (default: the current one) ends (None when not known: no
+        ``epoch_size``, or epochs of several sizes, ``epoch_start``)."""
+        if not self.epoch_size or self.epoch_start is not None:
             return None
         return ((self.epoch if epoch is None else epoch) + 1) * self.epoch_size
 
@@ -86,6 +107,7 @@ class Clock:
             "minibatches": self.minibatches,
             "epoch_size": self.epoch_size,
             "minibatch_size": self.minibatch_size,
+            "epoch_start": None if self.epoch_start is None else list(self.epoch_start),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -100,6 +122,7 @@ class Clock:
         if state.get("epoch_size") is not None:
             self.epoch_size = int(state["epoch_size"])
         self.minibatch_size = state.get("minibatch_size")
+        self.epoch_start = self._checked_epoch_start(state.get("epoch_start"), self.samples)
 
 
 def attach_clock(model: Any, clock: Clock) -> Clock:

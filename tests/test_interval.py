@@ -55,6 +55,27 @@ def test_the_clock_says_when_a_step_crossed_an_interval_in_each_unit():
     assert _steps("1ep", [30, 30]) == []  # never an epoch end without reaching one
 
 
+def test_a_clock_with_epochs_of_several_sizes_counts_them_where_the_loop_ends_them():
+    """Keras's epochs on a source read on across its passes end early where a pass ends (32, 16, 32 samples): the
+    loop moves ``epoch_start`` as each ends, and the clock's epoch, its samples in and "ep" intervals follow it, not
+    the first epoch's size; the state round-trips through ``get_state``."""
+    clock, ends = kfit.Clock(epoch_size=32, epoch_start=(0, 0)), []
+    for step, size in enumerate([8] * 10, 1):
+        clock.minibatch_size = size
+        clock.advance(size)
+        if step in (4, 6, 10):  # the steps that end an epoch (4 + 2 + 4)
+            clock.epoch_start = (clock.epoch_start[0] + 1, clock.samples)
+        ends += [clock.samples] if clock.crossed("1ep") else []
+        if step == 5:
+            assert (clock.epoch, clock.samples_in_epoch, clock.epoch_end()) == (1, 8, None)
+    assert ends == [32, 48, 80] and (clock.epoch, clock.samples_in_epoch) == (3, 0)
+    restored = kfit.Clock()
+    restored.set_state(clock.get_state())
+    assert restored == clock
+    with pytest.raises(ValueError, match=r"`epoch_start`.*Received: epoch_start=\(1, 90\)"):
+        kfit.Clock(samples=80, epoch_start=(1, 90))
+
+
 @pytest.mark.skipif(BACKEND == "torch", reason="Keras: steps_per_execution must be 1 with the PyTorch backend")
 @pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
 def test_a_multiple_crossed_inside_a_call_of_several_steps_counts(tmp_path, loop):

@@ -1012,6 +1012,40 @@ def test_a_pydataset_read_on_across_epochs_with_steps_per_epoch_trains_as_in_mod
         assert resumed_history.history == expected_history.history
 
 
+@pytest.mark.parametrize("data", ["arrays", "PyDataset"])
+def test_a_checkpoint_where_a_pass_ends_an_epoch_early_resumes_with_that_epoch_in_the_history(tmp_path, data):
+    """48 rows in batches of 8 with ``steps_per_epoch=4``: Keras's epochs are 4 and 2 steps (a pass ends the second
+    early), read through Keras's own adapter. kfit's clock counted epochs of the first one's 32 samples, so a
+    checkpoint at the last step of a 2-step epoch (step 6) was taken for one 16 samples into an epoch: the run resumed
+    from it lacked that epoch in its History (the weights were right). With ``initial_epoch=1`` a resumed run counted
+    its epochs from 0 and trained one epoch too many. Resumed runs now end with model.fit's weights and History
+    (validation each epoch too)."""
+    x, y = regression_data(48)
+    validation = regression_data(20, seed=3)
+
+    def train(loop, initial_epoch, **extra):
+        keras.utils.set_random_seed(4)
+        model = compiled(mlp())
+        fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+        given = dict(x=x, y=y, batch_size=8) if data == "arrays" else dict(x=InOrder(x, y, 8))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (Keras's "Your input ran out of data", where a pass ends an epoch)
+            history = fit(**given, epochs=initial_epoch + 4, initial_epoch=initial_epoch, steps_per_epoch=4,
+                          shuffle=False, validation_data=validation, verbose=0, **extra)
+        return model, history
+
+    for initial_epoch, crash_at in ((0, 6), (1, 3), (1, 6)):
+        expected, expected_history = train("model.fit", initial_epoch)
+        path = tmp_path / f"run{initial_epoch}_{crash_at}.ckpt"
+        with pytest.raises(RuntimeError, match="crash"):
+            train("kfit.fit", initial_epoch, callbacks=[
+                kfit.callbacks.Checkpoint(path, frequency="1mb", async_write=False), CrashAtStep(crash_at)])
+        resumed, resumed_history = train("kfit.fit", initial_epoch, callbacks=[kfit.callbacks.Checkpoint(path)])
+        assert_same_weights(expected, resumed)
+        assert resumed_history.epoch == expected_history.epoch
+        assert resumed_history.history == expected_history.history
+
+
 def test_a_pydataset_given_a_batch_size_trains_in_its_own_batches_as_in_model_fit():
     """model.fit reads a PyDataset in its own batches whatever its ``batch_size`` (which then only sizes the
     validation's batches); kfit's loop cut the dataset anew at ``batch_size``: 3 steps of 16 where model.fit takes 6

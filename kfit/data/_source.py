@@ -7,7 +7,9 @@ epochs: a minibatch-size schedule is refused, and an epoch is one pass over the 
 
 A run resumed on such a source skips ahead: it draws and drops the minibatches the interrupted run had
 trained in the epoch it resumes (a generator that is never restarted: every minibatch since the start),
-which reproduces the interrupted run when the source yields the same minibatches in the same order.
+which reproduces the interrupted run when the source yields the same minibatches in the same order. Read on across
+epochs (``steps_per_epoch``), Keras's epochs end early where a pass ends: the run's clock follows them
+(:attr:`kfit.Clock.epoch_start`).
 
 A ``tf.data`` pipeline read from its start at every epoch also has a state of its own: the
 checkpoint holds its iterator's state as the epoch's pass began (its shuffle order and random state, as
@@ -326,6 +328,13 @@ class SourceAdapter(_backend.DataAdapter):
                                                  and clock.minibatches == self.inner.num_batches)
         if epoch_ended or epoch_done:
             clock.epoch_size = clock.samples
+
+    @property
+    def epochs_vary(self) -> bool:
+        """True when Keras's epochs are counted in steps, not samples (read on across passes, ``steps_per_epoch``):
+        one ends early where a pass ends, and a pass's last batch may be short, so the run's clock follows them
+        (:attr:`kfit.Clock.epoch_start`, moved on by the driver) rather than counting epochs of one size."""
+        return self.continues and self.steps_per_epoch is not None
 
     @property
     def continues(self) -> bool:
@@ -801,3 +810,5 @@ class SourceDriver(StepDriver):
             adapter.steps += len(ran)
         if clock.epoch_size is None:  # (the first epoch only: this runs at every step)
             self.adapter.learn_epoch_size(clock)
+        if clock.epoch_start is not None and adapter.position(clock.minibatches)[1] == 0:
+            clock.epoch_start = (clock.epoch_start[0] + 1, clock.samples)  # the step ended one of Keras's epochs

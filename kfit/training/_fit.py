@@ -459,9 +459,11 @@ class _RunControl(keras.callbacks.Callback):
         source = fit.source
         source.first_step = clock.minibatches
         source.learn_epoch_size(clock)  # (a checkpoint written at the first pass's last step before kfit learned it)
-        if source.continues and source.steps_per_epoch:
+        if source.epochs_vary:
             epoch, steps_in_epoch = source.position(clock.minibatches)  # Keras's epochs, whatever their sizes
             mid_epoch = steps_in_epoch > 0
+            if clock.epoch_start is not None:  # (saved by the run: initial_epoch counted in)
+                epoch = clock.epoch
         else:
             epoch, steps_in_epoch = clock.epoch, 0
             mid_epoch = clock.samples_in_epoch > 0
@@ -627,7 +629,7 @@ class _StreamFit:
         if source:
             self._init_source(x, y, sample_weight, o,
                               saves=any(getattr(c, "writes_checkpoints", False) for c in callbacks))
-            self.run.clock = Clock()
+            self.run.clock = Clock(epoch_start=(o.initial_epoch, 0) if self.source.epochs_vary else None)
         else:
             validation_data = self._init_stream(x, y, sample_weight, validation_data, o)
             start = o.initial_epoch * self.epoch_size  # initial_epoch: the clock starts as if those epochs had run
