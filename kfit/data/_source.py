@@ -9,7 +9,9 @@ A run resumed on such a source skips ahead: it draws and drops the minibatches t
 trained in the epoch it resumes (a generator that is never restarted: every minibatch since the start),
 which reproduces the interrupted run when the source yields the same minibatches in the same order. Read on across
 epochs (``steps_per_epoch``), Keras's epochs end early where a pass ends: the run's clock follows them
-(:attr:`kfit.Clock.epoch_start`).
+(:attr:`kfit.Clock.epoch_start`), and a ``PyDataset``'s ``on_epoch_begin`` and ``on_epoch_end`` are called for each
+epoch the resumed run skips, as Keras's adapter called them (on TensorFlow, whose ``tf.data`` reads a varying number
+of batches ahead of those calls, a dataset that changes its rows there cannot resume exactly: ``kfit.fit`` says so).
 
 A ``tf.data`` pipeline read from its start at every epoch also has a state of its own: the
 checkpoint holds its iterator's state as the epoch's pass began (its shuffle order and random state, as
@@ -143,6 +145,8 @@ class SourceAdapter(_backend.DataAdapter):
     def __init__(self, inner: Any, restarts: bool, steps_per_epoch: int | None = None, save_passes: bool = True):
         self.inner = inner
         self.restarts = restarts
+        dataset = getattr(inner, "py_dataset", None)  # (Keras's PyDatasetAdapter's; checked on Keras 3.10-3.15)
+        self._pydataset = dataset if isinstance(dataset, keras.utils.PyDataset) else None
         self.steps_per_epoch = steps_per_epoch
         self._current: _ReadAhead | None = None
         self._underlying: Iterator[Any] | None = None
@@ -379,6 +383,23 @@ class SourceAdapter(_backend.DataAdapter):
         if self.steps_per_epoch is not None and steps_in_epoch:
             self._limit = self.steps_per_epoch - steps_in_epoch
         return self._skip
+
+    def replay_epoch_hooks(self, epochs: int) -> None:
+        """Calls a ``PyDataset``'s ``on_epoch_begin`` and ``on_epoch_end`` once for each of the ``epochs`` epochs a
+        resumed run skips, as ``model.fit`` called them (Keras's adapter calls them as every epoch begins and ends, also
+        where an epoch ends inside a pass): a dataset that reorders its rows there from its own seeded random state
+        serves the resumed epochs the uninterrupted run's rows."""
+        for _ in range(epochs if self._pydataset is not None else 0):
+            self._pydataset.on_epoch_begin()
+            self._pydataset.on_epoch_end()
+
+    @property
+    def has_epoch_hooks(self) -> bool:
+        """True for a ``PyDataset`` with an ``on_epoch_begin`` or ``on_epoch_end`` of its own (it may change its rows
+        there)."""
+        return self._pydataset is not None and any(
+            getattr(type(self._pydataset), hook) is not getattr(keras.utils.PyDataset, hook)
+            for hook in ("on_epoch_begin", "on_epoch_end"))
 
     def size_of_step(self, steps: int) -> int | None:
         """The size of the ``steps``-th step since training began, if its batch has been read."""

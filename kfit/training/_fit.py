@@ -175,6 +175,13 @@ def fit(
     as a seekable :class:`kfit.data.SampleStream` by kfit's own training loop, which runs the model's
     compiled train step.
 
+    With a ``steps_per_epoch`` that cuts the arrays' sweeps into epochs of other sizes, or other than a ``PyDataset``'s
+    length, Keras's own adapter reads the data, as under ``model.fit``: an epoch ends early where a pass ends, and a
+    resumed run draws and drops the batches before its step. A ``PyDataset``'s ``on_epoch_begin`` and ``on_epoch_end``
+    are then called for the epochs it skips, as ``model.fit`` called them; on TensorFlow, whose ``tf.data`` reads a
+    varying number of batches ahead of those calls (under ``model.fit`` too), a dataset that changes its rows there
+    does not resume exactly, and the resumed run says so.
+
     Returns:
         The run's ``keras.callbacks.History``, with ``epoch_summaries``: a list of
         :class:`kfit.training.EpochSummary` (loss, metrics, samples, seconds, samples per second).
@@ -368,6 +375,16 @@ SHUFFLED_ARRAYS_RESUME = (
 )
 
 
+PYDATASET_HOOKS_RESUME = (
+    "This resume may not be exact: with steps_per_epoch other than its length, a PyDataset is read by Keras's own "
+    "adapter, on TensorFlow through tf.data, which reads batches ahead on a thread of its own: how many of the next "
+    "batches it has read when the dataset's on_epoch_end or on_epoch_begin runs varies from run to run (under "
+    "model.fit too), so rows that those methods change differ between runs. For an exact resume give "
+    "steps_per_epoch equal to the dataset's length or leave it out (kfit's own stream reads the dataset), or keep "
+    "the rows those methods serve fixed."
+)
+
+
 def _returned_history(model: Any, callbacks: list, history: RunHistory, summaries: EpochSummaries) -> Any:
     """What ``fit`` returns and leaves as ``model.history``: as under ``model.fit``, a ``History`` the user passed
     (the last, as Keras picks it), here holding the run's record (a checkpoint's restored epochs too), else the
@@ -462,6 +479,7 @@ class _RunControl(keras.callbacks.Callback):
         if source.epochs_vary:
             epoch, steps_in_epoch = source.position(clock.minibatches)  # Keras's epochs, whatever their sizes
             mid_epoch = steps_in_epoch > 0
+            source.replay_epoch_hooks(epoch)
             if clock.epoch_start is not None:  # (saved by the run: initial_epoch counted in)
                 epoch = clock.epoch
         else:
@@ -489,6 +507,8 @@ class _RunControl(keras.callbacks.Callback):
                       f"{'' if source.continues else ' in epoch ' + str(epoch + 1)}.", file=sys.stderr)
             if _backend.shuffles_from_process_random_state(source.inner):
                 warnings.warn(SHUFFLED_ARRAYS_RESUME, stacklevel=2)
+        if source.has_epoch_hooks and source.epochs_vary and _backend.BACKEND == "tensorflow":
+            warnings.warn(PYDATASET_HOOKS_RESUME, stacklevel=2)
         return mid_epoch
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
