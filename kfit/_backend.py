@@ -17,6 +17,7 @@ for 3.10.0, 3.12.4, 3.14.1 and 3.15.1 (TensorFlow 2.21, 2.20 for 3.10). CI runs 
 from __future__ import annotations
 
 import contextlib
+import random
 import sys
 import time
 import weakref
@@ -483,6 +484,33 @@ class NumpyGlobalRandom:
         position, has_gauss = raw[2496:2512].view(np.int64)
         np.random.set_state(("MT19937", raw[:2496].view(np.uint32), int(position), int(has_gauss),
                              float(raw[2512:].view(np.float64)[0])))
+
+
+class PythonGlobalRandom:
+    """Python's global random state (``random``'s Mersenne Twister), read and set as bytes, as a torch generator's."""
+
+    def get_state(self) -> np.ndarray:
+        _, internal, gauss_next = random.getstate()
+        return np.concatenate([np.asarray(internal, dtype=np.uint32).view(np.uint8),
+                               np.frombuffer(np.array([gauss_next is not None], np.uint8).tobytes()
+                                             + np.array([gauss_next or 0.0], np.float64).tobytes(), np.uint8)])
+
+    def set_state(self, state: np.ndarray) -> None:
+        raw = np.ascontiguousarray(state, dtype=np.uint8)
+        if raw.size != 625 * 4 + 1 + 8:
+            raise ValueError(f"A saved Python random state has 2509 bytes; this one has {raw.size}.")
+        gauss_next = float(np.frombuffer(raw[2501:].tobytes(), np.float64)[0]) if raw[2500] else None
+        random.setstate((3, tuple(int(v) for v in raw[:2500].view(np.uint32)), gauss_next))
+
+
+def pydataset_shuffle_draw(adapter: Any) -> PythonGlobalRandom | None:
+    """Python's global random state where Keras's adapter for a ``PyDataset`` of known length draws the order of a
+    pass's batches from it as the pass begins (``shuffle=True``, no workers: ``PyDatasetAdapter._finite_generator``,
+    checked against Keras 3.10-3.15; with workers its enqueuer shuffles at every epoch instead); None otherwise."""
+    if (type(adapter).__name__ == "PyDatasetAdapter" and getattr(adapter, "shuffle", False)
+            and getattr(adapter, "enqueuer", None) is None and adapter.num_batches):
+        return PythonGlobalRandom()
+    return None
 
 
 def shuffled_arrays_draw(adapter: Any) -> Any:

@@ -1091,6 +1091,38 @@ def test_a_checkpoint_where_a_pass_ends_an_epoch_early_resumes_with_that_epoch_i
         assert resumed_history.history == expected_history.history
 
 
+def test_a_pydataset_that_keras_shuffles_read_on_across_epochs_resumes_in_its_pass_order(tmp_path):
+    """``shuffle=True`` (the default) with ``steps_per_epoch`` other than a PyDataset's length: Keras's adapter orders
+    each pass's batches with Python's random state as the pass begins. A run resumed inside a pass drew another order
+    for it (weights off at every step checked). The checkpoint now holds Python's random state as the pass began, and
+    the resumed run orders that pass again from it: model.fit's weights and History. (On TensorFlow, where model.fit
+    reads no batch before training, kfit's look at the first batch drew an order of its own from that state: even the
+    uninterrupted run trained other orders than model.fit; the look now leaves the state as it found it.)"""
+    x, y = regression_data(48)
+
+    def train(loop, **extra):
+        keras.utils.set_random_seed(4)
+        model = compiled(mlp())
+        fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (Keras's "Your input ran out of data", where a pass ends an epoch)
+            history = fit(InOrder(x, y, 8), epochs=4, steps_per_epoch=4, verbose=0, **extra)
+        return model, history
+
+    expected, expected_history = train("model.fit")
+    looped, history = train("kfit.fit")
+    assert_same_weights(expected, looped)
+    assert history.history == expected_history.history
+    for crash_at in (2, 6, 7):  # in the first pass; at its end (an epoch's too); in the second pass
+        path = tmp_path / f"run{crash_at}.ckpt"
+        with pytest.raises(RuntimeError, match="crash"):
+            train("kfit.fit", callbacks=[kfit.callbacks.Checkpoint(path, frequency="1mb", async_write=False),
+                                         CrashAtStep(crash_at)])
+        resumed, resumed_history = train("kfit.fit", callbacks=[kfit.callbacks.Checkpoint(path)])
+        assert_same_weights(expected, resumed)
+        assert resumed_history.history == expected_history.history
+
+
 def test_a_pydataset_given_a_batch_size_trains_in_its_own_batches_as_in_model_fit():
     """model.fit reads a PyDataset in its own batches whatever its ``batch_size`` (which then only sizes the
     validation's batches); kfit's loop cut the dataset anew at ``batch_size``: 3 steps of 16 where model.fit takes 6

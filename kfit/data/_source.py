@@ -22,7 +22,9 @@ draws its pass's shuffle order and workers' seeds from torch's random generators
 checkpoint holds their states as the epoch's pass began, and a resumed run puts them back for the draws of that pass,
 then skips ahead: a shuffling DataLoader resumes exactly (read on across epochs, ``steps_per_epoch``, the checkpoint
 also holds the sample its pass began at, and only the samples since then are dropped; a dataset that draws random
-numbers itself as it is read, say for augmentation, is not reproduced by skipping ahead).
+numbers itself as it is read, say for augmentation, is not reproduced by skipping ahead). So does a ``PyDataset``
+that Keras's adapter shuffles (``shuffle=True``, read on across epochs: ``steps_per_epoch``), whose pass draws its
+batches' order from Python's random state: the checkpoint holds that state as the pass began.
 """
 
 from __future__ import annotations
@@ -201,6 +203,7 @@ class SourceAdapter(_backend.DataAdapter):
         #: began (see :meth:`_generators`).
         self._loader = _backend.torch_data_loader(inner)
         self._shuffled_arrays = _backend.shuffled_arrays_draw(inner)
+        self._shuffled_batches = _backend.pydataset_shuffle_draw(inner)  # (a PyDataset's, from Python's random state)
         self._saves_draws = save_passes and self._generators() is not None and self.restarts
         #: Samples read from the loader's passes since the run began, and when the pass being read began: read on
         #: across epochs (``steps_per_epoch``), a resumed run opens the pass the checkpoint was saved in and drops only
@@ -221,6 +224,8 @@ class SourceAdapter(_backend.DataAdapter):
             ("DataLoader", "the states of the random generators its shuffle order and workers' seeds came from")
             if self._loader is not None else
             ("Array", "the random state its shuffle order came from") if self._shuffled_arrays is not None else
+            ("PyDataset", "the Python random state its batches' order came from") if self._shuffled_batches is not None
+            else
             ("tf.data", "its iterator's state (its shuffle order and random state)"))
         #: Makes the unread tf.data iterator Keras's own loop makes at each epoch's end (see :meth:`on_epoch_end`).
         self._mirrors_epoch_end_pass = restarting_tf_data and _backend.BACKEND == "tensorflow"
@@ -449,7 +454,8 @@ class SourceAdapter(_backend.DataAdapter):
         passes draw from none that kfit can save."""
         if self._loader is not None:
             return _loader_generators(self._loader)
-        return [self._shuffled_arrays, None, None] if self._shuffled_arrays is not None else None
+        drawn = self._shuffled_arrays or self._shuffled_batches
+        return [drawn, None, None] if drawn is not None else None
 
     def _torch_loader(self) -> Any:
         """On PyTorch, the DataLoader Keras's loop iterates for a pass of a DataLoader or of arrays (making an
@@ -467,8 +473,8 @@ class SourceAdapter(_backend.DataAdapter):
         end, the generators are put where they were then (a sampler with a generator of its own draws once more as its
         pass ends), and the next pass draws from there. Saved mid-epoch, the states the epoch's pass began from are
         put back for the pass's own draws, made as it yields its first batch; torch's default generator then goes back
-        to the checkpoint's state on the PyTorch backend (dropout draws from it), and otherwise every generator goes
-        on from those draws, as in the uninterrupted run."""
+        to the checkpoint's state on the PyTorch backend (dropout draws from it), as Python's does (a PyDataset's
+        order), and otherwise every generator goes on from those draws, as in the uninterrupted run."""
         generators = self._generators()
         self._pass_end_states = None
         self._pass_start = self._samples_read
@@ -480,7 +486,8 @@ class SourceAdapter(_backend.DataAdapter):
                     # Made by Keras's loop at the end of the saved pass's epoch, as its last step had run.
                     iter(self._torch_loader())
             else:
-                restored = generators[0].get_state() if _backend.BACKEND == "torch" else None
+                restored = (generators[0].get_state() if _backend.BACKEND == "torch"
+                            or isinstance(generators[0], _backend.PythonGlobalRandom) else None)
                 _set_generator_states(generators, saved["start"])
                 iterator = iter(self._passes())
                 first = next(iterator, _END)
@@ -680,6 +687,8 @@ class SourceAdapter(_backend.DataAdapter):
                 first = keras.tree.map_structure(lambda t: None if t is None else keras.ops.convert_to_numpy(t), batch)
             elif first is None:
                 numpy_state = np.random.get_state() if shuffled_arrays and not draws else None
+                batch_order = self._shuffled_batches
+                python_state = batch_order.get_state() if batch_order is not None and not draws else None
                 iterator = iter(_backend.numpy_batches(self.inner))
                 first = next(iterator)
                 if draws:  # model.fit's look reads through its JAX loop's iterator, which reads batches ahead
@@ -687,6 +696,8 @@ class SourceAdapter(_backend.DataAdapter):
                         next(iterator, None)
                 if numpy_state is not None:  # (model.fit reads no batch here: its first pass draws the order)
                     np.random.set_state(numpy_state)
+                if python_state is not None:  # (as for a PyDataset's batch order)
+                    batch_order.set_state(python_state)
             if states is not None:
                 # model.fit reads no batch before its first epoch here: the pass this read began leaves the loader's
                 # random generators where they were (its base seed and shuffle order were drawn from them).
@@ -785,7 +796,7 @@ def _set_generator_states(generators: list, states: list) -> None:
     for generator, state in zip(generators, states):
         if generator is None:
             continue
-        if isinstance(generator, _backend.NumpyGlobalRandom):
+        if isinstance(generator, (_backend.NumpyGlobalRandom, _backend.PythonGlobalRandom)):
             generator.set_state(state)
         else:
             import torch
