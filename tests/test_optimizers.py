@@ -154,6 +154,21 @@ def test_adam_with_constant_beta_1_equals_keras_adam(amsgrad, accumulation):
     np.testing.assert_allclose(float(ours.optimizer.beta_1_power.numpy()), 0.8**updates, rtol=1e-5)
 
 
+def test_adam_takes_cntks_unit_gain_true_and_refuses_false():
+    # CNTK's adam(..., unit_gain=True), its default, is m = b1 * m + (1 - b1) * g: kfit's (and Keras's) Adam.
+    x, y = _data()
+    ours = _model(Adam(learning_rate=0.05, beta_1=0.8, unit_gain=True))
+    theirs = _model(keras.optimizers.Adam(learning_rate=0.05, beta_1=0.8), weights=ours.get_weights())
+    for model in (ours, theirs):
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    _assert_weights(ours, theirs.get_weights(), atol=1e-6)
+    with pytest.raises(ValueError, match=r"`unit_gain`.*unit_gain=False \(m = beta_1 \* m \+ g\) has no counterpart"
+                       r".*Received: unit_gain=False"):
+        Adam(unit_gain=False)
+    with pytest.raises(TypeError, match=r"`unit_gain`.*unit_gain='yes'"):
+        Adam(unit_gain="yes")
+
+
 def test_adam_beta_1_change_uses_the_product_in_the_bias_correction():
     x, y = _data()
     betas = [0.9, 0.5, 0.8, 0.99]

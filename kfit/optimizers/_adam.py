@@ -39,16 +39,19 @@ class Adam(keras.optimizers.Optimizer):
         epsilon: The small constant added to ``sqrt(v)``, a float >= 0.
         amsgrad: Whether to use the AMSGrad variant, as ``keras.optimizers.Adam`` does.
         name: The optimizer's name; defaults to ``"adam"`` (made unique by Keras).
+        unit_gain: CNTK's ``adam`` option, accepted as ``True`` only: the update above is CNTK's unit-gain form
+            (``m = b1_t * m + (1 - b1_t) * g``, its default); ``unit_gain=False`` (``m = b1_t * m + g``) has no
+            counterpart and is refused.
         **kwargs: The other arguments of ``keras.optimizers.Optimizer`` (``weight_decay``,
             ``clipnorm``, ``clipvalue``, ``global_clipnorm``, ``use_ema``, ``ema_momentum``,
             ``ema_overwrite_frequency``, ``loss_scale_factor``, ``gradient_accumulation_steps``).
 
     Raises:
-        ValueError: If ``beta_1`` or ``beta_2`` is outside ``[0, 1)`` or ``epsilon`` is negative; if a rate or
-            ``beta_1`` is a schedule (a callback applies it: the message says which), or a CNTK learner option is
-            given (``momentum``, ``variance_momentum``, ``l2_regularization_weight``, ...: the message says what to
-            write instead).
-        TypeError: If ``amsgrad`` is not a bool or a number is not a number.
+        ValueError: If ``beta_1`` or ``beta_2`` is outside ``[0, 1)``, ``epsilon`` is negative or ``unit_gain`` is
+            False; if a rate or ``beta_1`` is a schedule (a callback applies it: the message says which), or a CNTK
+            learner option is given (``momentum``, ``variance_momentum``, ``l2_regularization_weight``, ...: the
+            message says what to write instead).
+        TypeError: If ``amsgrad`` or ``unit_gain`` is not a bool or a number is not a number.
 
     Example:
 
@@ -78,6 +81,8 @@ class Adam(keras.optimizers.Optimizer):
         loss_scale_factor=None,
         gradient_accumulation_steps=None,
         name=None,
+        *,
+        unit_gain: bool = True,
         **kwargs,
     ):
         refuse_cntk_options("Adam", kwargs, {"momentum": lambda m: (
@@ -90,6 +95,12 @@ class Adam(keras.optimizers.Optimizer):
         beta_2 = check_real("beta_2", beta_2, low=0.0, high=1.0, high_inclusive=False)
         epsilon = check_real("epsilon", epsilon, low=0.0, high=float("inf"), high_inclusive=False)
         check_bool("amsgrad", amsgrad)
+        check_bool("unit_gain", unit_gain)
+        if not unit_gain:
+            raise ValueError(
+                "Invalid value for argument `unit_gain`: kfit's Adam is unit-gain (CNTK's default, m += (1 - beta_1) * "
+                "(g - m)); CNTK's unit_gain=False (m = beta_1 * m + g) has no counterpart. Received: unit_gain=False. "
+                "Leave unit_gain out (or give unit_gain=True).")
         if isinstance(learning_rate, int) and not isinstance(learning_rate, bool):
             learning_rate = float(learning_rate)  # Keras refuses an int rate
         super().__init__(
