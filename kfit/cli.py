@@ -1,8 +1,9 @@
 """kfit's command line.
 
 ``kfit inspect PATH [--json]``: what a checkpoint holds (the clock, where the run stood: running, complete
-or stopped and why, hyperparameters, last metrics, every variable with its shape), its format version, and
-whether its checksums hold. The exit status is 0 for an intact file, 1 for a damaged or unreadable one.
+or stopped and why, hyperparameters, the optimizer and the options set on it, last metrics, every variable with its
+shape), its format version, and whether its checksums hold. The exit status is 0 for an intact file, 1 for a damaged
+or unreadable one.
 
 ``kfit runs DIR [--json]``: every checkpoint file under ``DIR`` (a run's output folder), one line each: its
 clock, the run's status and whether the file is intact. Exit status 1 when one of them is damaged. A checkpoint
@@ -57,6 +58,20 @@ def _number(value: float | None) -> str:
 _LAST_STEP = " (the last step's)"
 
 
+def _set_options(options: dict[str, Any]) -> str:
+    """The optimizer's options that are set, short: ``clipnorm=1, weight_decay=0.004``. Without Keras there are no
+    class defaults to compare with, so an option left None or False is left out, as is the EMA's momentum without
+    ``use_ema`` and the learning rate (shown above); ``--json`` has them all."""
+    shown = []
+    for key, value in sorted(options.items()):
+        if (value is None or value is False or key == "learning_rate" or isinstance(value, (dict, list))
+                or (key.startswith("ema_") and not options.get("use_ema"))):
+            continue
+        text = _number(value) if isinstance(value, float) else repr(value)
+        shown.append(f"{printable(key)}={printable(text)}")
+    return ", ".join(shown)
+
+
 def _text(info) -> str:
     p = printable
     lines = [f"checkpoint:      {p(info.path)}"]
@@ -86,6 +101,9 @@ def _text(info) -> str:
         lines.append("hyperparameters: " + ", ".join(f"{p(k)} = {_number(v)}" for k, v in sorted(others.items())))
     inner = f"({p(info.inner_optimizer)})" if info.inner_optimizer else ""
     lines.append(f"optimizer:       {p(info.optimizer or '-')}{inner}")
+    options = _set_options(info.optimizer_options)
+    if options:
+        lines.append(f"options:         {options}")
     metrics = ", ".join(f"{p(k)} = {_number(v)}" for k, v in info.last_metrics.items()) or "-"
     lines.append(f"last metrics:    {metrics}")
     lines.append(f"resume:          {'exact (saved by kfit.fit)' if info.kfit_fit else 'from the epoch start (saved under model.fit)'}")

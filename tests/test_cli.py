@@ -227,3 +227,25 @@ def test_inspect_shows_a_learning_rate_schedule_and_the_optimizer_a_loss_scale_o
     assert "learning_rate" not in info["hyperparameters"]
     assert (info["optimizer"], info["inner_optimizer"]) == (("LossScaleOptimizer", "SGD") if loss_scaled else ("SGD", None))
     assert info["optimizer_options"]["nesterov"] is False
+
+
+@pytest.mark.parametrize("optimizer, line", [
+    (lambda: kfit.optimizers.Adam(clipnorm=1.0, weight_decay=0.004),
+     "beta_2=0.999, clipnorm=1, epsilon=1e-07, weight_decay=0.004"),
+    (lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True, use_ema=True),
+     "ema_momentum=0.99, momentum=0.9, nesterov=True, use_ema=True"),
+])
+def test_inspect_text_shows_the_optimizer_options_that_are_set(tmp_path, capsys, optimizer, line):
+    """The checkpoint records the optimizer's options (clipnorm, weight_decay, Keras SGD's momentum, ...), which only
+    --json showed. The text shows those set (not None or False; the EMA's momentum only with use_ema): without
+    Keras, kfit inspect has no class defaults to compare with."""
+    path = tmp_path / "run.ckpt"
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=optimizer(), loss="mse")
+    x = np.ones((16, 3), "float32")
+    kfit.fit(model, x, x[:, :2], minibatch_size=8, epochs=1, seed=0, verbose=0,
+             callbacks=[kfit.callbacks.Checkpoint(path, async_write=False)])
+    assert cli(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"\noptions:         {line}\nlast metrics:" in out, out
