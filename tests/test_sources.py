@@ -576,6 +576,101 @@ def test_steps_per_epoch_that_divides_the_data_keeps_kfits_seekable_stream(tmp_p
     assert kfit.get_clock(model).epoch_size == 24
 
 
+class _EpochsOfCalls(keras.callbacks.Callback):
+    """The batch numbers Keras's batch-end hooks get, a list per epoch (one hook per call of the train function);
+    raises after ``crash_at`` calls (a crash in the middle of a run)."""
+
+    def __init__(self, crash_at=None):
+        super().__init__()
+        self.epochs, self.calls, self.crash_at = {}, 0, crash_at
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs[epoch] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.epochs[next(reversed(self.epochs))].append(batch)
+        self.calls += 1
+        if self.calls == self.crash_at:
+            raise RuntimeError("crash")
+
+
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="Keras: steps_per_execution must be 1 with PyTorch")
+@pytest.mark.parametrize(("rows", "steps_per_epoch", "per_call", "crash_at", "restored_at", "batches"), [
+    (80, 4, 3, 4, 72, [[2, 5], [2, 5], [2, 5]]),  # passes of 10 steps: epochs of 6 (two calls of 3), then 4 (3 + 1)
+    (80, 5, 2, 5, 64, [[1, 3, 5], [1, 3], [1, 3, 5]]),  # epochs of 6 (three calls of 2), then 4
+    (48, 4, 3, 4, 72, [[2, 5], [2, 5], [2, 5]]),  # passes of 6 steps: every epoch is a pass
+])
+def test_steps_per_epoch_on_arrays_in_calls_of_several_steps_gives_kerass_epochs_and_resumes_exactly(
+        rows, steps_per_epoch, per_call, crash_at, restored_at, batches, tmp_path):
+    """With ``compile(steps_per_execution=N)`` Keras runs an epoch in whole calls of ``N`` steps, cut where a pass
+    ends: ``steps_per_epoch=4`` with ``N=3`` gives epochs of 6 steps, not 4. kfit.fit with a Checkpoint (Keras's
+    adapter, kfit's loop) trains as model.fit (weights, History, the hooks' batch numbers), and a run that crashes
+    inside its second epoch resumes from its last checkpoint, mid-epoch, to the uninterrupted run: the epoch's
+    remaining call with its batch number, then the rest (kfit took epochs of ``steps_per_epoch`` steps: the resumed
+    run began an epoch too early or ended the resumed one early, and trained other steps)."""
+    x, y = regression_data(rows)
+    options = dict(batch_size=8, epochs=3, steps_per_epoch=steps_per_epoch, shuffle=False, verbose=0)
+
+    def model():
+        m = mlp()
+        m.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss="mse", steps_per_execution=per_call)
+        return m
+
+    plain, plain_calls = model(), _EpochsOfCalls()
+    plain_history = plain.fit(x, y, callbacks=[plain_calls], **options)
+    assert list(plain_calls.epochs.values()) == batches
+    reference, calls = model(), _EpochsOfCalls()
+    history = kfit.fit(reference, x, y, seed=0, callbacks=[
+        calls, kfit.callbacks.Checkpoint(tmp_path / "reference.ckpt", frequency=1000)], **options)
+    assert calls.epochs == plain_calls.epochs
+    assert history.history == plain_history.history
+    for a, b in zip(weights(plain), weights(reference)):
+        np.testing.assert_array_equal(a, b)
+
+    path = tmp_path / "run.ckpt"
+    with pytest.raises(RuntimeError, match="crash"):
+        kfit.fit(model(), x, y, seed=0, callbacks=[kfit.callbacks.Checkpoint(path, frequency=8),
+                                                   _EpochsOfCalls(crash_at=crash_at)], **options)
+    resumed, calls = model(), _EpochsOfCalls()
+    checkpoint = kfit.callbacks.Checkpoint(path, frequency=8)
+    history = kfit.fit(resumed, x, y, seed=0, callbacks=[calls, checkpoint], **options)
+    assert checkpoint.restored_from.samples == restored_at  # one call into the second epoch
+    assert calls.epochs == {1: batches[1][1:], 2: batches[2]}
+    assert history.history == plain_history.history
+    for a, b in zip(weights(plain), weights(resumed)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="Keras: steps_per_execution must be 1 with PyTorch")
+def test_an_endless_source_with_steps_per_epoch_in_calls_of_several_steps_resumes_exactly(tmp_path):
+    """An endless tf.data pipeline, ``steps_per_epoch=4`` and ``steps_per_execution=3``: Keras's epochs are 6 steps
+    (two calls); a run that crashes one call into its second epoch resumes there (not in its first epoch, as when
+    kfit took epochs of 4 steps) to model.fit's weights, History and batch numbers."""
+    def data():
+        return tf.data.Dataset.from_tensor_slices((X, Y)).batch(8).repeat()
+
+    def model():
+        m = mlp()
+        m.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss="mse", steps_per_execution=3)
+        return m
+
+    options = dict(epochs=3, steps_per_epoch=4, verbose=0)
+    plain = model()
+    plain_history = plain.fit(data(), **options)
+    path = tmp_path / "run.ckpt"
+    with pytest.raises(RuntimeError, match="crash"):
+        kfit.fit(model(), data(), seed=0, callbacks=[kfit.callbacks.Checkpoint(path, frequency=8),
+                                                     _EpochsOfCalls(crash_at=4)], **options)
+    resumed, calls = model(), _EpochsOfCalls()
+    checkpoint = kfit.callbacks.Checkpoint(path, frequency=8)
+    history = kfit.fit(resumed, data(), seed=0, callbacks=[calls, checkpoint], **options)
+    assert checkpoint.restored_from.samples == 66  # 6 steps (50 samples a pass: 8 * 6 + 2) and 3 more
+    assert calls.epochs == {1: [5], 2: [2, 5]}
+    assert history.history == plain_history.history
+    for a, b in zip(weights(plain), weights(resumed)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_sparse_inputs_train_with_kfits_features_as_under_model_fit():
     import scipy.sparse as scipy_sparse  # scipy comes with scikit-learn, a dev dependency
 

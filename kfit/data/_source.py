@@ -350,11 +350,21 @@ class SourceAdapter(_backend.DataAdapter):
         """True when Keras reads the source on across epochs (a generator; ``steps_per_epoch`` given)."""
         return not self.restarts or self.steps_per_epoch is not None
 
+    @property
+    def epoch_steps(self) -> int | None:
+        """The steps of one of Keras's epochs read on across passes: ``steps_per_epoch`` rounded up to whole calls of
+        the train function (``compile(steps_per_execution=N)``: Keras's ``EpochIterator`` runs an epoch in whole calls
+        of ``N`` steps, so ``steps_per_epoch=4`` with ``N=3`` gives epochs of 6 steps), fewer where a pass ends."""
+        if not self.steps_per_epoch:
+            return self.steps_per_epoch
+        per_call = self.driver.per_call if self.driver is not None else 1
+        return -(-self.steps_per_epoch // per_call) * per_call
+
     def position(self, steps: int) -> tuple[int, int]:
         """Keras's ``(epoch, step in epoch)`` after ``steps`` steps read on across epochs (``steps_per_epoch``
-        given): an epoch is ``steps_per_epoch`` steps, cut short where a pass of known length ends (Keras's
+        given): an epoch is :attr:`epoch_steps` steps, cut short where a pass of known length ends (Keras's
         ``EpochIterator`` opens the next pass with the next epoch)."""
-        per_epoch, per_pass = self.steps_per_epoch, self.inner.num_batches
+        per_epoch, per_pass = self.epoch_steps, self.inner.num_batches
         if not per_epoch:
             raise ValueError("position() needs steps_per_epoch")
         if not per_pass:
@@ -369,7 +379,7 @@ class SourceAdapter(_backend.DataAdapter):
         A source read from its start at every epoch drops the epoch's first ``samples_in_epoch`` samples (from
         the pass saved in the checkpoint when it holds one, see :meth:`set_state`); one read on across epochs
         drops the first ``samples`` of the run, and the epoch in progress ends after the
-        ``steps_per_epoch - steps_in_epoch`` steps it has left (or where its pass ends).
+        ``epoch_steps - steps_in_epoch`` steps it has left (or where its pass ends).
         """
         self._skip = samples if self.continues else samples_in_epoch
         restored, self._restored_pass = self._restored_pass, None
@@ -386,7 +396,7 @@ class SourceAdapter(_backend.DataAdapter):
             self._reopen = (restored, samples_in_epoch == 0)
             self.reopens = True
         if self.steps_per_epoch is not None and steps_in_epoch:
-            self._limit = self.steps_per_epoch - steps_in_epoch
+            self._limit = self.epoch_steps - steps_in_epoch
         return self._skip
 
     def replay_epoch_hooks(self, epochs: int) -> None:
