@@ -244,10 +244,7 @@ class FitDriver(StepDriver):
                 clock.minibatches -= extra
         if self.past_end:
             self.past_end = False
-            for callback in run.members():
-                reapply = getattr(callback, "_reapply", None)
-                if reapply is not None:
-                    reapply()
+            run.set_values_again()
 
     def _execution_sizes(self, clock: Clock) -> list[int]:
         """``compile(steps_per_execution=N)``: the sizes of the up to ``N`` steps of the call that Keras's hook begins

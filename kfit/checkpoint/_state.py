@@ -865,10 +865,7 @@ def _set_again_before_next_step(run: Run | None) -> None:
         return
     if run.driver is not None:
         run.driver.applied = None
-    for callback in run.members():
-        reapply = getattr(callback, "_reapply", None)
-        if reapply is not None:
-            reapply()
+    run.set_values_again()
 
 
 def _state_setter(owner: Any, state: Any):
