@@ -184,9 +184,10 @@ class Run:
         return [c for c in self.callbacks if hasattr(c, "on_step_begin")]
 
     def set_values_again(self) -> None:
-        """Has each kfit callback that sets an optimizer value only where it differs from the one it set last (the
-        schedules) set its value again before the next step: the variable may hold another (a restore, or on JAX the
-        epoch's sync after a step that did not run). Nothing per step."""
+        """Has the run's schedules set their optimizer values again before the next step.
+
+        A schedule writes its value only where it differs from the one it wrote last, and the variable may now hold
+        another (a restore, or on JAX the epoch's sync after a step that did not run). Nothing per step."""
         for callback in self.members():
             reapply = getattr(callback, "_reapply", None)
             if reapply is not None:
