@@ -5,6 +5,7 @@ from the restored state, not left as the checkpoint holds it."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import warnings
 
@@ -92,3 +93,28 @@ def test_a_scheduled_value_is_set_again_after_a_load_in_the_middle_of_a_run(tmp_
     assert kfit.get_clock(loaded).samples == 200
     assert_same_weights(loaded, resumed)
     assert os.path.exists(path)
+
+
+@pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])
+def test_the_progress_printer_numbers_and_counts_epochs_across_a_load_as_a_resume_does(tmp_path, loop):
+    """The checkpoint of sample 100 (the end of epoch 1) loaded at the end of the second epoch, by a callback before
+    the printer: the second epoch's line counted the samples from the restored clock (0, at 0 samples/s), and the
+    epoch trained after the load was numbered 3 (the run's third), where a resume of the file prints epoch 2."""
+    path = str(tmp_path / "c.ckpt")
+
+    def printed(name, model, epochs, callbacks):
+        log = tmp_path / f"{name}.log"
+        train(loop, model, epochs, [*callbacks, kfit.callbacks.ProgressPrinter(freq=2, log_to_file=log)])
+        lines = [line for line in log.read_text().splitlines() if line.startswith(("Finished Epoch", "Minibatch["))]
+        assert all(float(re.search(r"\(\s*(\S+) samples/s", line)[1]) > 0 for line in lines if "Epoch" in line), lines
+        return [re.sub(r" \d+\.\d{3}s \(.*\);$", "", line) for line in lines]  # without the timing
+
+    whole = printed("whole", make_model(), 2, [kfit.callbacks.Checkpoint(path, preserve_all=True, async_write=False)])
+    loaded = printed("loaded", make_model(), 3, [LoadAtEpochEnd(path + ".100", epoch=1)])
+    shutil.copy(path + ".100", tmp_path / "r.ckpt")
+    resumed = printed("resumed", make_model(), 2, [kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"), frequency="100ep")])
+    ends = [i for i, line in enumerate(whole) if line.startswith("Finished")]
+    assert [whole[i].split(":")[0] for i in ends] == ["Finished Epoch[1]", "Finished Epoch[2]"]
+    assert resumed == whole[ends[0] + 1:]  # the minibatch and epoch lines of the second epoch
+    assert loaded == whole + resumed
+

@@ -88,9 +88,10 @@ class ProgressPrinter(KfitCallback):
     in each epoch), computed from Keras's running means at the interval's ends: only those steps
     convert the logs (a device sync). ``Finished Epoch[k]`` (1-based, as Keras's progress bar counts) gives
     the epoch's means, the samples the clock counted in it, its wall time and the samples trained per
-    second. The first minibatch of a run (fresh or resumed) compiles the train step; when the epoch has more,
-    samples/s is measured after it and the line says how long it took
-    (``(23185.9 samples/s; the first minibatch, compiling, took 1.912s)``). ``Finished Evaluation
+    second. After :func:`kfit.load_checkpoint` from a callback, the epochs that follow are numbered from the
+    restored clock, as a resume of that file numbers them. The first minibatch of a run (fresh or resumed)
+    compiles the train step; when the epoch has more, samples/s is measured after it and the line says how
+    long it took (``(23185.9 samples/s; the first minibatch, compiling, took 1.912s)``). ``Finished Evaluation
     [val_index=k]`` follows each cross-validation (``k`` counts from 0, as ``val_index`` in the logs and
     the CSV history and ``index`` in the cross-validation callback); ``Finished Test`` the final test. The
     learning rate, momentum and minibatch size get a line whenever they change (a minibatch shortened to
@@ -202,6 +203,8 @@ class ProgressPrinter(KfitCallback):
         self._scheduled = ScheduledValues()
         self._epoch_time = 0.0
         self._epoch_samples = 0
+        self._epoch_offset = 0  # printed epoch number - Keras's epoch - 1 (nonzero after a load into the run)
+        self._renumber = False  # a load moved the clock: the next epoch is numbered from it
         if freq is None and first == 0:
             without_step_end(self)  # epoch lines only: no per-step work, no per-step sync
 
@@ -245,9 +248,13 @@ class ProgressPrinter(KfitCallback):
         self._scheduled.reset()
         self._first_step = None
         self._steps = 0
+        self._epoch_offset = 0  # (a load in another callback's on_train_begin has set _renumber: kept)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         clock = self.clock
+        if self._renumber and (clock.epoch_size or clock.epoch_start is not None):
+            self._epoch_offset = clock.epoch - epoch  # (a resume of the file loaded starts Keras's count there)
+        self._renumber = False
         self._intervals.begin_epoch(clock, self.training_model)
         self._epoch_time = time.perf_counter()
         self._epoch_samples = clock.samples
@@ -290,7 +297,7 @@ class ProgressPrinter(KfitCallback):
                 note = f"; the first minibatch, compiling, took {start_time - self._epoch_time:.3f}s"
         means = {k: v for k, v in ((k, to_float(v)) for k, v in logs.items()) if v is not None}
         summary = self._summary(means, self._intervals.samples(clock), self._keys)
-        self.log(f"Finished Epoch[{epoch + 1}]: {summary + ' ' if summary else ''}{seconds:.3f}s ({speed:5.1f} samples/s{note});")
+        self.log(f"Finished Epoch[{epoch + 1 + self._epoch_offset}]: {summary + ' ' if summary else ''}{seconds:.3f}s ({speed:5.1f} samples/s{note});")
 
     def _evaluation(self, prefix: str, logs: dict, title: str) -> None:
         self._evaluations += 1
@@ -320,6 +327,19 @@ class ProgressPrinter(KfitCallback):
         if self._shown.get(name) != line:
             self._shown[name] = line
             self.log(line)
+
+    def _clock_restored(self, samples: int, minibatches: int) -> None:
+        """``kfit.load_checkpoint`` from a callback of the run moved the clock from ``samples`` and ``minibatches``: the
+        epoch in progress is summed as trained (its baselines move with the clock), and the next epoch is numbered
+        from the restored clock, as a resume of the same file numbers it."""
+        clock = self.clock
+        moved = clock.samples - samples
+        self._epoch_samples += moved
+        self._intervals.epoch_start_samples += moved
+        self._intervals.epoch_start_minibatches += clock.minibatches - minibatches
+        if self._first_step is not None:
+            self._first_step = (self._first_step[0], self._first_step[1] + moved)
+        self._renumber = True
 
     # -- state -----------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:

@@ -255,13 +255,22 @@ def load_checkpoint(
         >>> # info = kfit.load_checkpoint("run.ckpt", model, clock=clock); info.samples
     """
     from kfit import _backend
+    from kfit._run import current_run
     from kfit.checkpoint import _state
 
     path = os.fspath(path)
     parts = _state.training_parts(model, clock, stream, callbacks, history)
     meta, arrays = _format.read_file(path)
     restore = _state.plan_restore(parts, meta, arrays, path)
+    run = current_run(model)
+    into_run = run is not None and run.clock is not None and parts.clock is run.clock  # (from a callback of the run)
+    before = (run.clock.samples, run.clock.minibatches) if into_run else None
     _state.apply_restore(parts, restore, meta, arrays, random_state=random_state)
+    if into_run:
+        for callback in run.members():  # (a ProgressPrinter ends the epoch in progress with the samples it trained)
+            restored = getattr(callback, "_clock_restored", None)
+            if restored is not None:
+                restored(*before)
     if (meta.get("run") or {}).get("status") in ("complete", "stopped"):
         _backend.finalize_ema(model)  # the model as model.fit left it (the file keeps the trained weights)
     return _info(path, meta, checksum_ok=True)
