@@ -118,3 +118,20 @@ def test_the_progress_printer_numbers_and_counts_epochs_across_a_load_as_a_resum
     assert resumed == whole[ends[0] + 1:]  # the minibatch and epoch lines of the second epoch
     assert loaded == whole + resumed
 
+
+@pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])
+def test_the_rate_reduce_lr_on_plateau_sets_is_printed_again_after_a_load_in_the_middle_of_a_run(tmp_path, loop):
+    """Without a LearningRateSchedule, ReduceLROnPlateau sets the optimizer's rate and cuts it at every epoch end but
+    the first. The checkpoint of sample 100 (learning_rate=0.05), loaded at the end of the second epoch after its cut to
+    0.025, trained the third epoch at 0.05 while the log's last rate line said 0.025, and that epoch's own cut to
+    0.025 printed nothing (the printer repeats only a change)."""
+    path = str(tmp_path / "c.ckpt")
+    train(loop, make_model(), 1, [kfit.callbacks.Checkpoint(path, async_write=False)])
+    log = tmp_path / "progress.log"
+    reduce = kfit.callbacks.ReduceLROnPlateau("loss", factor=0.5, patience=0, min_delta=100.0)
+    train(loop, make_model(), 3, [reduce, LoadAtEpochEnd(path, epoch=1), kfit.callbacks.ProgressPrinter(log_to_file=log)])
+    lines = [line for line in log.read_text().splitlines() if not line.startswith("Minibatch size")]
+    shown = [line.split(":")[0] if line.startswith("Finished") else f"lr {float(line.split(': ')[1]):.6g}"
+             for line in lines]
+    assert shown == ["lr 0.05", "Finished Epoch[1]", "lr 0.025", "lr 0.05", "Finished Epoch[2]", "lr 0.025",
+                     "Finished Epoch[2]"], lines

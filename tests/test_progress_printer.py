@@ -456,3 +456,30 @@ def test_samples_per_second_after_a_resume_leave_out_the_compiling_minibatch(tmp
     assert speed >= 496 / seconds
     assert speed == pytest.approx(496 / max(seconds - first, 1e-3), rel=0.5)
     assert history.epoch_summaries[-1].samples == 512
+
+
+def test_the_rate_of_reduce_lr_on_plateau_without_a_schedule_is_printed_from_the_start_and_after_a_resume(tmp_path):
+    """Without a LearningRateSchedule, ReduceLROnPlateau sets the optimizer's rate, and the printer heard of the rate
+    only at a reduction: a run printed no rate before its first one (the log's last rate line, an earlier run's in the
+    same file, or none, was not the rate trained with), and a resumed run no line for the reduced rate it restored."""
+    x, y = data()
+    log = tmp_path / "progress.log"
+    path = str(tmp_path / "run.ckpt")
+
+    def run(epochs, restore):
+        reduce = kfit.callbacks.ReduceLROnPlateau("loss", factor=0.5, patience=0, min_delta=100.0)  # each epoch but the first
+        kfit.fit(classifier(), x, y, minibatch_size=16, epochs=epochs, seed=0, verbose=0, callbacks=[
+            reduce, kfit.callbacks.Checkpoint(path, restore=restore, async_write=False), ProgressPrinter(log_to_file=log)])
+
+    run(3, restore=False)
+    run(4, restore=True)
+    lines = [line for line in lines_of(log) if not SIZE.match(line)]
+    shown = [line.split(":")[0] if EPOCH.match(line) else line.split(": ")[0] + f": {float(line.split(': ')[1]):.6g}"
+             for line in lines]
+    assert shown == [
+        "Learning rate per minibatch: 0.05", "Finished Epoch[1]",
+        "Learning rate per minibatch: 0.025", "Finished Epoch[2]",  # (announced as the epoch that led to it ends)
+        "Learning rate per minibatch: 0.0125", "Finished Epoch[3]",
+        "Learning rate per minibatch: 0.0125",  # the resumed run's
+        "Learning rate per minibatch: 0.00625", "Finished Epoch[4]",
+    ], lines

@@ -34,7 +34,9 @@ class ReduceLROnPlateau(MonitorCallback):
     ``reset_learning_rate``: a constant from now on, as CNTK's ``learner.reset_learning_rate`` does (the
     rest of the schedule no longer applies), and it survives the schedule re-applying itself at every
     step. ``min_lr`` and ``min_lr_change`` are in that unit. Without a schedule it is the optimizer's
-    ``learning_rate`` variable (per minibatch). A stop takes effect after the current step. At each epoch end
+    ``learning_rate`` variable (per minibatch), which this callback tells the run's other callbacks (the rate
+    line of :class:`kfit.callbacks.ProgressPrinter`) as each epoch begins, after ``kfit.load_checkpoint`` from a
+    callback and at each reduction. A stop takes effect after the current step. At each epoch end
     the optimizer's rate (before a reduction) is logged as ``learning_rate``, as Keras's ReduceLROnPlateau logs it. The counters
     and the number of reductions are in :meth:`get_state`; the new schedule is in the schedule callback's.
 
@@ -149,6 +151,19 @@ class ReduceLROnPlateau(MonitorCallback):
         self._rate_before = (self.clock.samples, self.learning_rate())  # the rate the steps so far trained with
         _backend.set_variable(self.training_model, self._optimizer_variable(), value)
         self.publish("on_hyperparameter_change", "lr", value, value, "per_minibatch")
+
+    def _announce_rate(self) -> None:
+        """Tells the run's callbacks (a ProgressPrinter's rate line) the optimizer's rate, where no schedule does: each
+        repeats only a change."""
+        if self._schedule_callback() is None:
+            rate = self.learning_rate()
+            self.publish("on_hyperparameter_change", "lr", rate, rate, "per_minibatch")
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._announce_rate()  # the starting rate, a resumed one (once per epoch: no step reads the model)
+
+    def _clock_restored(self, samples: int, minibatches: int) -> None:
+        self._announce_rate()  # kfit.load_checkpoint from a callback: the file's rate, also in the middle of an epoch
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is not None and self._schedule_callback() is None:  # (a schedule logs it itself)
