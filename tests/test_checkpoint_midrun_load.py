@@ -135,3 +135,22 @@ def test_the_rate_reduce_lr_on_plateau_sets_is_printed_again_after_a_load_in_the
              for line in lines]
     assert shown == ["lr 0.05", "Finished Epoch[1]", "lr 0.025", "lr 0.05", "Finished Epoch[2]", "lr 0.025",
                      "Finished Epoch[2]"], lines
+
+
+def test_a_load_listed_before_the_sample_clock_leaves_the_last_step_with_the_clock_it_ran_on(tmp_path):
+    """Under plain model.fit the clock counts a step at the next kfit hook: a load at an epoch end by a callback
+    listed before every kfit callback found the epoch's last step not counted yet, and it was counted on the restored
+    clock (216 samples after the third epoch, where a resume of the file ends at 200)."""
+    path = str(tmp_path / "c.ckpt")
+    train("model.fit", make_model(), 1, [kfit.callbacks.Checkpoint(path, async_write=False)])
+    x, y = data()
+    loaded = make_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+                   callbacks=[LoadAtEpochEnd(path, epoch=0), kfit.callbacks.SampleClock(batch_size=16, num_samples=100)])
+    shutil.copy(path, tmp_path / "r.ckpt")
+    resumed = make_model()
+    train("model.fit", resumed, 2, [kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"), frequency="100ep")])
+    assert kfit.get_clock(loaded).samples == 200
+    assert_same_weights(loaded, resumed)

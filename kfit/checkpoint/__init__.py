@@ -264,6 +264,8 @@ def load_checkpoint(
     restore = _state.plan_restore(parts, meta, arrays, path)
     run = current_run(model)
     into_run = run is not None and run.clock is not None and parts.clock is run.clock  # (from a callback of the run)
+    if into_run and getattr(run.driver, "ran", False):
+        run.flush()  # a step that has run, not counted yet (model.fit: at the next kfit hook), on the clock it ran on
     before = (run.clock.samples, run.clock.minibatches) if into_run else None
     _state.apply_restore(parts, restore, meta, arrays, random_state=random_state)
     if into_run:
