@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
+
 from kfit import _checks, _files, distributed
 from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._running_means import (
@@ -37,18 +39,25 @@ def training_keys(logs: Any) -> list[str]:
     return sorted(keys, key=lambda k: k != "loss")
 
 
+def _shown(value: float) -> str:
+    """``value`` as printed: a float32 (what an optimizer variable holds) by its shortest decimal (``0.05``, not
+    ``0.05000000074505806``), which reads back as the same float32; any other float by its own repr."""
+    as_float32 = np.float32(value)
+    return str(as_float32) if float(as_float32) == float(value) else repr(float(value))
+
+
 def hyperparameter_line(name: str, value: float, scheduled: float, unit: str) -> str:
     """CNTK's line for a hyperparameter change: per sample when the schedule is, else per minibatch."""
     if name == "lr":
         if unit == "per_sample":
             return f"Learning rate per 1 samples: {scheduled}"
-        return f"Learning rate per minibatch: {value}"
+        return f"Learning rate per minibatch: {_shown(value)}"
     if name == "momentum":
         if unit == "time_constant":
             return f"Momentum per 1 samples: {0.0 if scheduled == 0 else math.exp(-1.0 / scheduled)}"
         if unit == "per_sample":
             return f"Momentum per 1 samples: {scheduled}"
-        return f"Momentum per minibatch: {value}"
+        return f"Momentum per minibatch: {_shown(value)}"
     return f"{name}: {value}"
 
 
