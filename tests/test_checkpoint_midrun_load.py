@@ -154,3 +154,26 @@ def test_a_load_listed_before_the_sample_clock_leaves_the_last_step_with_the_clo
     train("model.fit", resumed, 2, [kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"), frequency="100ep")])
     assert kfit.get_clock(loaded).samples == 200
     assert_same_weights(loaded, resumed)
+
+
+def test_a_load_inside_an_epoch_of_kfit_fit_is_refused_naming_what_works_and_changes_nothing(tmp_path):
+    """kfit.fit plans an epoch's minibatches as it begins: a checkpoint loaded from a batch hook left the plan and the
+    clock apart, and the next step failed with "This is a bug in kfit". The load is refused before it changes
+    anything, naming the epoch end and a resume."""
+    path = str(tmp_path / "c.ckpt")
+    train("kfit.fit", make_model(), 1, [kfit.callbacks.Checkpoint(path, async_write=False)])
+
+    class LoadAtBatchEnd(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:
+                self.weights = [np.array(keras.ops.convert_to_numpy(v.value)) for v in self.model.variables]
+                self.samples = kfit.get_clock(self.model).samples
+                kfit.load_checkpoint(path, self.model)
+
+    model, load = make_model(), LoadAtBatchEnd()
+    with pytest.raises(RuntimeError, match=r"inside an epoch of kfit.fit \(at sample 32\).*on_epoch_end.*"
+                                           r"Checkpoint\(path, restore=True\)"):
+        train("kfit.fit", model, 2, [load])
+    assert load.samples == 32
+    for before, variable in zip(load.weights, model.variables, strict=True):
+        np.testing.assert_array_equal(before, keras.ops.convert_to_numpy(variable.value), err_msg=variable.path)

@@ -266,6 +266,13 @@ def load_checkpoint(
     into_run = run is not None and run.clock is not None and parts.clock is run.clock  # (from a callback of the run)
     if into_run and getattr(run.driver, "ran", False):
         run.flush()  # a step that has run, not counted yet (model.fit: at the next kfit hook), on the clock it ran on
+    if into_run and getattr(run.driver, "inside_epoch", lambda clock: False)(run.clock):
+        raise RuntimeError(
+            f"kfit.load_checkpoint({path!r}) was called inside an epoch of kfit.fit (at sample {run.clock.samples}): "
+            "kfit.fit has planned the epoch's minibatches from its start, so a checkpoint can be restored into the run "
+            "only between epochs. Call it from on_epoch_end (the next epoch starts from the file's sample), or set "
+            "self.model.stop_training = True and run kfit.fit again with Checkpoint(path, restore=True). Nothing was "
+            "restored.")
     before = (run.clock.samples, run.clock.minibatches) if into_run else None
     _state.apply_restore(parts, restore, meta, arrays, random_state=random_state)
     if into_run:

@@ -275,6 +275,11 @@ class StreamAdapter(_backend.DataAdapter):
         """The ``(start, size)`` minibatches of the epoch being trained."""
         return self._new_plan() if self._plan is None else self._plan
 
+    @property
+    def planned(self) -> list[tuple[int, int]] | None:
+        """The epoch's plan if it has been made (None before the epoch's first step: reading :attr:`plan` makes it)."""
+        return self._plan
+
     def _new_plan(self) -> list[tuple[int, int]]:
         """Plans the epoch beginning at the clock's reading."""
         self._plan_minibatches = self._reading()[1] if self._reading is not None else 0

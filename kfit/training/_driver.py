@@ -44,3 +44,8 @@ class PlanDriver(StepDriver):
                 f"(at sample {steps[0][0]}) disagree. This is a bug in kfit: please report it."
             )
         return [size for _, size in steps]
+
+    def inside_epoch(self, clock: Clock) -> bool:
+        """True between two steps of one epoch: one of its steps has run and another is planned."""
+        plan = self.adapter.planned
+        return bool(plan) and plan[0][0] < clock.samples < plan[-1][0] + plan[-1][1]
