@@ -3,7 +3,8 @@
 Runs tests/horovod_scripts/lone_stop.py under ``horovodrun --gloo -np 2`` (the backend of this pytest run): a stop on
 both workers after the same step ends model.fit on both; a stop on rank 1 alone, inside an epoch or at an epoch's
 end, makes the job fail within the timeout (before kfit's fix, rank 0 hung in its next allreduce, or failed with
-Horovod's "Horovod has been shut down"), with kfit's message naming AgreedStopCallback on both workers.
+Horovod's "Horovod has been shut down"), with kfit's message naming AgreedStopCallback on both workers. With no kfit
+callback listed, the job fails with Horovod's error, to which kfit adds that hint on PyTorch and JAX.
 """
 
 from __future__ import annotations
@@ -42,3 +43,24 @@ def test_a_stop_one_worker_decides_alone_under_model_fit_fails_the_job_naming_ag
     stopped = "after step 3 of epoch 1 of 4" if when == "step" else "after step 4 of epoch 2 of 4"
     if "rank 1 of 2 stopped training alone" in output:
         assert f"rank 1 of 2 stopped training alone (model.fit stopped {stopped})" in output
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+def test_a_lone_stop_under_distributed_optimizer_alone_fails_with_horovods_error_and_on_torch_and_jax_a_hint(tmp_path):
+    # No kfit callback listed: rank 1 stops alone after its third step and its script ends; rank 0's next gradient
+    # allreduce fails with Horovod's error. On PyTorch and JAX (horovod.torch, called from Python) kfit adds a hint
+    # naming AgreedStopCallback at no cost per step; TensorFlow's error comes from Horovod's op inside the graph.
+    env = dict(os.environ, KERAS_BACKEND=BACKEND, PYTHONUNBUFFERED="1")
+    command = [_horovodrun(), "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, str(SCRIPT), str(tmp_path), "bare"]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"the job hung: it did not end within {JOB_TIMEOUT} s:\n{error.stdout}\n{error.stderr}")
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-4000:]
+    assert "rank 1: trained on after rank 1 stopped alone" in output and "rank 0: trained on" not in output, output[-4000:]
+    assert "Horovod has been shut down" in output, output[-4000:]
+    if BACKEND != "tensorflow":
+        assert "kfit.distributed: the gradient allreduce of rank 0 failed: another worker left" in output, output[-4000:]
+        assert "list kfit.distributed.AgreedStopCallback() after the callbacks that stop training" in output

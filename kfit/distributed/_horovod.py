@@ -166,9 +166,28 @@ def _torch_step_sum(tensors: list, name: str, average: bool) -> list:
     hvd = plugin()
     op = hvd.Average if average else hvd.Sum
     host = [*(t.contiguous() for t in tensors), torch.ones(1, dtype=torch.float32)]
-    out = list(_torch_wait(hvd.grouped_allreduce_async(host, op=op, name=name)))
+    out = _torch_step_allreduce(host, op, name)
     _check_present(float(out.pop()[0]), average)
     return out
+
+
+def _torch_step_allreduce(tensors: list, op: Any, name: str) -> list:
+    """The step's grouped allreduce on horovod.torch (PyTorch, JAX). Horovod's error when a worker has left (its
+    script ended, e.g. after a stop of its own without kfit's callbacks) gets a hint naming AgreedStopCallback; it
+    stays a HorovodInternalError, which Horovod's elastic mode recovers from."""
+    try:
+        return list(_torch_wait(plugin().grouped_allreduce_async(tensors, op=op, name=name)))
+    except Exception as error:
+        from horovod.common.exceptions import HorovodInternalError
+
+        if not isinstance(error, HorovodInternalError):
+            raise
+        raise HorovodInternalError(
+            f"{error}\nkfit.distributed: the gradient allreduce of rank {plugin().rank()} failed: another worker left "
+            "(it failed, or its script ended). Under plain model.fit, a callback that sets model.stop_training on one "
+            "worker alone (keras.callbacks.EarlyStopping on its own logs, TerminateOnNaN, a callback of yours) ends "
+            "its model.fit alone: list kfit.distributed.AgreedStopCallback() after the callbacks that stop training, "
+            "and every worker stops after the same step (kfit.fit agrees by itself).") from error
 
 
 def _check_present(flag: float, average: bool) -> None:
@@ -193,7 +212,7 @@ def _jax_step_sum(tensors: list, name: str, average: bool) -> list:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # torch warns about read-only arrays
             host = [torch.from_numpy(_contiguous(np.asarray(a))) for a in arrays]
-        out = list(_torch_wait(hvd.grouped_allreduce_async([*host, torch.ones(1)], op=op, name=name)))
+        out = _torch_step_allreduce([*host, torch.ones(1)], op, name)
         _check_present(float(out.pop()[0]), average)
         return [o.numpy() for o in out]
 
