@@ -261,6 +261,24 @@ def record_hyperparameters(run: Run, left: dict) -> None:
         _LAST_HYPERPARAMETERS[optimizer] = (run.hyperparameters_in_code, left)
 
 
+def record_moved_values(run: Run) -> None:
+    """As an epoch begins under plain ``model.fit``: a value of the optimizer that moved since the run's record
+    (Keras's ``LearningRateScheduler`` or ``ReduceLROnPlateau``, a callback of the user's, a mid-run load) is recorded
+    as any value, as one the run sets before every step: Keras tells no callback of a fit that raised, and a rerun
+    would read the value the run left as assigned in code. (One moved in the epoch that raised, after this record,
+    is not seen: a ``LearningRateScheduler`` listed after kfit's callbacks, in the first epoch it changes the rate.)"""
+    optimizer = getattr(run.model, "optimizer", None)
+    last = _LAST_HYPERPARAMETERS.get(optimizer) if optimizer is not None else None
+    if last is None or last[0] is not run.hyperparameters_in_code or run.hyperparameters_in_code is None:
+        return  # (no restore step yet, or another run's record)
+    from kfit.checkpoint._state import hyperparameters
+
+    now, left = hyperparameters(optimizer.variables), last[1]
+    moved = [name for name, value in left.items() if value is not None and now.get(name) != value]
+    if moved:
+        record_hyperparameters(run, left | dict.fromkeys(moved))
+
+
 def hyperparameters_set_in_code(optimizer: Any, now: dict) -> dict:
     """The scalar variables of ``optimizer`` (``learning_rate``, ...) as the code set them, given their values ``now``
     as a run begins: a value the optimizer's last run left (moved by a schedule, the clock or a restore) is the one

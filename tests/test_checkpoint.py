@@ -278,6 +278,40 @@ def test_a_rerun_after_a_model_fit_that_raised_records_the_value_in_code_its_res
         assert notes(in_code(assigned or 0.05), path) == []
 
 
+@pytest.mark.parametrize("mover", ["ReduceLROnPlateau after", "LearningRateScheduler before",
+                                   "LearningRateScheduler after"])
+def test_a_rerun_after_a_model_fit_that_raised_reads_a_rate_keras_moved_as_the_crashed_runs(tmp_path, mover):
+    """Under plain model.fit, Keras's ReduceLROnPlateau or LearningRateScheduler moved the learning rate (0.01 in code)
+    and the fit raised (Keras tells no callback): the rerun of the same model read the moved rate as assigned in code,
+    said "This code sets the optimizer's learning_rate=0.005 (or 0.0025)" at its resume, and its checkpoints recorded
+    it, so that a resume of the unchanged code in a model built anew said "This code sets the optimizer's
+    learning_rate=0.01; the run that wrote the checkpoint set learning_rate=0.005". Both say nothing now, whether
+    Keras's callback is listed before or after kfit's."""
+    x, y = data(96)
+    kind, where = mover.split()
+
+    def notes(model, crash_epoch=None):
+        moves = (keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=10.0)
+                 if kind == "ReduceLROnPlateau" else keras.callbacks.LearningRateScheduler(lambda e, lr: 0.01 * 0.5**e))
+        ours = [kfit.callbacks.SampleClock(batch_size=16, num_samples=96),
+                kfit.callbacks.Checkpoint(tmp_path / "run.ckpt", async_write=False)]
+        crash = [_CrashAtEpoch(crash_epoch, step=2)] if crash_epoch is not None else []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                model.fit(x, y, batch_size=16, epochs=5, shuffle=False, verbose=0,
+                          callbacks=(ours + [moves] if where == "after" else [moves] + ours) + crash)
+            except RuntimeError as error:
+                assert crash and str(error) == "crash"
+        return [str(w.message) for w in caught if "optimizer's" in str(w.message)]
+
+    model = make_model()
+    assert notes(model, crash_epoch=2) == []
+    assert float(model.optimizer.learning_rate) < 0.009  # (Keras's callback moved it)
+    assert notes(model, crash_epoch=3) == []  # the same model, rerun
+    assert notes(make_model()) == []  # the same code, in a new process
+
+
 @pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])
 def test_a_resume_says_nothing_of_a_value_in_code_that_its_schedules_set_before_every_step(tmp_path, loop):
     """The resume, with the same LearningRateSchedule and MomentumSchedule, of code that compiles other values of the

@@ -82,6 +82,7 @@ class ModelFitLoop(RunLoop):
         self._run_after_epoch_end()  # (none left: every kfit callback ends each epoch)
         self._give_history_its_epochs(run)
         self._forget_initial_epoch(run)  # model.fit has read it (right after on_train_begin)
+        _run.record_moved_values(run)  # (what a model.fit that raises leaves: it tells no callback)
 
     @staticmethod
     def _give_history_its_epochs(run: _run.Run) -> None:
