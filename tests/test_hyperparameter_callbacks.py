@@ -555,6 +555,37 @@ def test_a_save_after_a_reset_to_a_python_callable_names_the_reset(kind, tmp_pat
     assert kfit.checkpoint.read_checkpoint_info(path).samples == 64
 
 
+@pytest.mark.parametrize("kind", ["learning_rate", "momentum"])
+def test_a_load_into_the_run_after_a_reset_to_a_python_callable_goes_back_to_the_checkpoints_schedule(kind, tmp_path):
+    """kfit.load_checkpoint from a callback of a run whose schedule was reset to a Python callable (taken: the run
+    writes no checkpoint) failed with "cannot be restored: callback ... refused its saved state (TypeError: ... cannot
+    be saved ...)": the load read the callback's state to undo with, and get_state refuses such a reset. Nothing in a
+    load needs to save it: the load works, the checkpoint's schedule is in force again (the callable reset is gone),
+    and a later save works."""
+    x, y = regression_data(32)
+    path = tmp_path / "run.ckpt"
+    initial = {"learning_rate": kfit.schedules.learning_rate_per_sample(0.01),
+               "momentum": kfit.schedules.momentum_as_time_constant(0)}[kind]
+    method = {"learning_rate": "reset_learning_rate", "momentum": "reset_momentum"}[kind]
+    schedule = (kfit.callbacks.LearningRateSchedule if kind == "learning_rate" else kfit.callbacks.MomentumSchedule)(initial)
+    values = []
+
+    class SaveResetLoad(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            values.append(float(getattr(self.model.optimizer, kind)))
+            if epoch == 0:
+                kfit.save_checkpoint(path, self.model)
+                getattr(schedule, method)(lambda samples: 0.0005 if kind == "learning_rate" else 64)
+            elif epoch == 1:
+                assert kfit.load_checkpoint(path, self.model).samples == 32
+
+    keras.utils.set_random_seed(0)
+    kfit.fit(_sgd_mlp(), x, y, minibatch_size=16, epochs=3, seed=0, verbose=0, callbacks=[schedule, SaveResetLoad()])
+    assert values[0] == values[2] != values[1]  # (the reset's value in epoch 1 only)
+    assert schedule.get_state()["resets"] == []
+    kfit.save_checkpoint(path, schedule.model)
+
+
 def test_hyperparameters_a_keras_optimizer_compiles_in_are_refused():
     x, y = regression_data(16)
     model = mlp()

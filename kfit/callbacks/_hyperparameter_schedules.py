@@ -285,15 +285,23 @@ class _HyperparameterSchedule(KfitCallback):
     def set_state(self, state: dict[str, Any]) -> None:
         from kfit import schedules
 
-        self._resets = [
-            (int(r["samples"]), int(r["minibatches"]), schedules.from_config(r["schedule"])) for r in state.get("resets", [])
-        ]
+        logged = state.get("logged")
+        self._set([(int(r["samples"]), int(r["minibatches"]), schedules.from_config(r["schedule"]))
+                   for r in state.get("resets", [])], (None, None) if logged is None else (float(logged[0]), int(logged[1])))
+
+    def _put_back(self) -> Any:
+        """What puts this callback's state back as it is now, a reset to a Python callable included (which
+        :meth:`get_state` refuses): a load into a run in progress undoes with it if another part refuses its state."""
+        resets, logged = list(self._resets), (self._logged, self._logged_size)
+        return lambda: self._set(resets, logged)
+
+    def _set(self, resets: list, logged: tuple) -> None:
+        self._resets = resets
         self._applied = None
         self._segment = None
         self._unchanged = None
         wake(self)
-        logged = state.get("logged")
-        self._logged, self._logged_size = (None, None) if logged is None else (float(logged[0]), int(logged[1]))
+        self._logged, self._logged_size = logged
 
 
 class LearningRateSchedule(_HyperparameterSchedule):

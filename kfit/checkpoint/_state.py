@@ -825,7 +825,7 @@ def apply_restore(parts: Run, restore: _Restore, meta: dict, arrays: dict, rando
             _set_random_state(meta["rng"], arrays)
         for callback, state in restore.callback_states:
             part = f"callback {state_key(callback)!r}"
-            undo.append(_state_setter(callback, callback.get_state()))
+            undo.append(_put_back(callback))
             callback.set_state(state)
         if restore.stream_state is not None:
             part = "the data stream"
@@ -870,6 +870,14 @@ def _set_again_before_next_step(run: Run | None) -> None:
 
 def _state_setter(owner: Any, state: Any):
     return lambda: owner.set_state(state)
+
+
+def _put_back(callback: Any):
+    """What puts ``callback``'s state back as it is now: its own ``_put_back()`` where it has one (a kfit schedule,
+    whose ``get_state`` refuses a reset to a Python callable, which only a checkpoint cannot hold), else its
+    ``get_state()``, set again."""
+    own = getattr(callback, "_put_back", None)
+    return own() if callable(own) else _state_setter(callback, callback.get_state())
 
 
 def _current_random_state() -> tuple:
