@@ -177,3 +177,38 @@ def test_a_load_inside_an_epoch_of_kfit_fit_is_refused_naming_what_works_and_cha
     assert load.samples == 32
     for before, variable in zip(load.weights, model.variables, strict=True):
         np.testing.assert_array_equal(before, keras.ops.convert_to_numpy(variable.value), err_msg=variable.path)
+
+
+@pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])
+def test_a_load_in_the_middle_of_a_run_says_nothing_of_a_minibatch_size_in_code_that_the_clock_sets(tmp_path, loop):
+    """Code that compiles MomentumSGD(minibatch_size=32) loads, at an epoch end, a checkpoint written with the default
+    1: the load said "This code sets the optimizer's minibatch_size=32; the run that wrote the checkpoint set
+    minibatch_size=1, and the checkpoint's minibatch_size=4 is restored ... assign it once the run has resumed", a false
+    note: the run's clock sets the size before every step (the code's plays no part), and a resume of the same file
+    says nothing. The load says nothing now and trains as that resume does."""
+    path = str(tmp_path / "c.ckpt")
+    train(loop, make_model(), 1, [kfit.callbacks.Checkpoint(path, async_write=False)])
+
+    def sized():
+        model = make_model()
+        model.optimizer.minibatch_size.assign(32.0)
+        return model
+
+    class LoadAndListen(LoadAtEpochEnd):
+        said = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                super().on_epoch_end(epoch, logs)
+            self.said += [str(w.message) for w in caught]
+
+    loaded = sized()
+    load = LoadAndListen(path, epoch=0)
+    train(loop, loaded, 2, [load])
+    assert not [note for note in load.said if "optimizer's" in note], load.said
+    shutil.copy(path, tmp_path / "r.ckpt")
+    resumed = sized()
+    train(loop, resumed, 2, [kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"), frequency="100ep")])
+    assert kfit.get_clock(loaded).samples == 200
+    assert_same_weights(loaded, resumed)

@@ -36,13 +36,13 @@ _PAIRS = "__kfit_dict__"  # a dict whose keys are not all strings: [[key, value]
 def training_parts(model: Any, clock: Any = None, stream: Any = None, callbacks: list | None = None,
                    history: Any = None) -> Run:
     """The parts given, completed from the run in progress on ``model``, if any (a new :class:`Run`, not
-    registered: the run in progress is not changed)."""
+    registered: the run in progress is not changed), with its clock's driver (which sets the minibatch size)."""
     run = current_run(model)
     if run is None:  # after a run: the clock it ended with, unless one is given
         return Run(model, last_clock(model) if clock is None else clock, stream, list(callbacks or []), history)
     return Run(model, run.clock if clock is None else clock, run.stream if stream is None else stream,
                list(run.callbacks if callbacks is None else callbacks), run.history if history is None else history,
-               loop=run.loop, hyperparameters_in_code=run.hyperparameters_in_code)
+               loop=run.loop, driver=run.driver, hyperparameters_in_code=run.hyperparameters_in_code)
 
 
 def model_variables(model: Any) -> dict[str, list]:
