@@ -89,9 +89,13 @@ def _text(info) -> str:
     # (the values the last step trained with: an epoch's shortened last minibatch, and the rate and momentum of
     # a per-sample schedule for its size, not the schedule's values for the next step)
     hyper, schedule = info.hyperparameters, info.learning_rate_schedule
+    function = info.optimizer_options.get("learning_rate")
     if schedule:  # (a Keras LearningRateSchedule: its rate at the optimizer's step count, as Keras reads it)
         lines.append(f"learning rate:   {p(schedule['class'])} at step {schedule['step']}: "
                      f"{_number(schedule['value'])} (the next step's)")
+    elif "learning_rate" not in hyper and isinstance(function, str) and function.startswith("<function "):
+        lines.append(f"learning rate:   {p(function[10:-1])} (a Python function, called before each step: its "
+                     "values are not recorded)")
     else:
         lines.append(f"learning rate:   {_number(hyper.get('learning_rate'))}" + _LAST_STEP * ("learning_rate" in hyper))
     if "momentum" in hyper:

@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import keras
@@ -227,6 +228,39 @@ def test_inspect_shows_a_learning_rate_schedule_and_the_optimizer_a_loss_scale_o
     assert "learning_rate" not in info["hyperparameters"]
     assert (info["optimizer"], info["inner_optimizer"]) == (("LossScaleOptimizer", "SGD") if loss_scaled else ("SGD", None))
     assert info["optimizer_options"]["nesterov"] is False
+
+
+def _rate_of_the_day():
+    return 0.05
+
+
+@pytest.mark.parametrize("loss_scaled", [False, True])
+@pytest.mark.parametrize("rate", [_rate_of_the_day, lambda: 0.05], ids=["function", "lambda"])
+def test_inspect_names_a_learning_rate_given_as_a_python_function(tmp_path, capsys, loss_scaled, rate):
+    """A Keras optimizer's learning rate given as a Python function (Keras calls it before each step) has no variable:
+    `kfit inspect` showed "learning rate:   -" (under a LossScaleOptimizer "0", its own unused rate), and every
+    checkpoint write of a lambda rate warned "The object being serialized includes a `lambda`" (Keras, from the
+    optimizer options that the checkpoint records, where the lambda was stored as its bytecode). The text names the
+    function by its qualified name; --json has it among the options; no write warns."""
+    path = tmp_path / "run.ckpt"
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.SGD(rate)
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaled else optimizer, loss="mse")
+    x = np.ones((16, 3), "float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        kfit.fit(model, x, x[:, :2], minibatch_size=8, epochs=1, seed=0, verbose=0,
+                 callbacks=[kfit.callbacks.Checkpoint(path, async_write=False)])
+    name = rate.__qualname__
+    assert cli(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"\nlearning rate:   {name} (a Python function, called before each step: its values are not recorded)\n" \
+        in out, out
+    assert cli(["inspect", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["optimizer_options"]["learning_rate"] == f"<function {name}>"
+    assert "learning_rate" not in info["hyperparameters"]
 
 
 @pytest.mark.parametrize("optimizer, line", [

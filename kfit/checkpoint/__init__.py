@@ -70,8 +70,9 @@ class CheckpointInfo:
         optimizer: the optimizer's class name.
         inner_optimizer: the class name of a ``LossScaleOptimizer``'s inner optimizer (None for another optimizer).
         optimizer_options: the optimizer's ``get_config()`` less its name and the options it holds in variables
-            (those are among ``hyperparameters``); a ``LossScaleOptimizer``'s with its inner optimizer's. Empty for
-            files written before kfit recorded them.
+            (those are among ``hyperparameters``); a ``LossScaleOptimizer``'s with its inner optimizer's. A learning
+            rate given as a Python function is ``"<function QUALNAME>"``. Empty for files written before kfit recorded
+            them.
         learning_rate_schedule: where the learning rate is a Keras ``LearningRateSchedule`` (no variable, so not
             among ``hyperparameters``): its ``class``, the optimizer's step count (``step``) and the schedule's rate
             there (``value``), the next step's.

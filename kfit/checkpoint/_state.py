@@ -16,6 +16,7 @@ import datetime
 import json
 import random
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -301,8 +302,9 @@ def _summary(parts: Run, variables: dict, record: dict | None, epoch_logs: dict 
     elif record:
         metrics = {k: float(v[-1]) for k, v in record.items() if v and _is_number(v[-1])}
     rates, schedule = hyperparameters(variables["optimizer"]), _learning_rate_schedule(parts.model)
-    if schedule is not None:  # (a LossScaleOptimizer's own learning_rate variable, 0, is not the rate)
-        rates.pop("learning_rate", None)
+    optimizer = getattr(parts.model, "optimizer", None)
+    if schedule is not None or _rate_function(getattr(optimizer, "inner_optimizer", optimizer)) is not None:
+        rates.pop("learning_rate", None)  # (a LossScaleOptimizer's own learning_rate variable, 0, is not the rate)
     return {
         "samples": None if clock is None else clock.samples,
         "minibatches": None if clock is None else clock.minibatches,
@@ -337,6 +339,15 @@ def _learning_rate_schedule(model: Any) -> dict | None:
             "value": float(keras.ops.convert_to_numpy(schedule(step)))}
 
 
+def _rate_function(optimizer: Any) -> str | None:
+    """The qualified name of the Python function given as the optimizer's learning rate (Keras calls it before each
+    step; no variable holds the rate), else None."""
+    rate = getattr(optimizer, "_learning_rate", None)
+    if not callable(rate) or isinstance(rate, (keras.Variable, keras.optimizers.schedules.LearningRateSchedule)):
+        return None
+    return getattr(rate, "__qualname__", None) or type(rate).__name__
+
+
 def optimizer_description(optimizer: Any) -> dict:
     """The optimizer's name, class and options (its ``get_config()`` as plain JSON data, less its name and the
     options that it holds in variables: those are restored with the checkpoint, and the hyperparameter note names
@@ -344,9 +355,14 @@ def optimizer_description(optimizer: Any) -> dict:
     give are left out."""
     description = {"name": optimizer.name, "class": type(optimizer).__name__}
     try:
-        config = dict(optimizer.get_config())
+        with warnings.catch_warnings():  # (Keras warns of a lambda learning rate each time it serializes one)
+            warnings.simplefilter("ignore")
+            config = dict(optimizer.get_config())
     except Exception:  # (an optimizer of the user's without get_config: its class is still checked)
         return description
+    function = _rate_function(optimizer)
+    if function is not None:  # (Keras serializes a function by its bare name, a lambda as its bytecode)
+        config["learning_rate"] = f"<function {function}>"
     config.pop("inner_optimizer", None)  # (described apart, below)
     inner = getattr(optimizer, "inner_optimizer", None)
     skip = {"name", "initial_scale"}  # (a LossScaleOptimizer's scale goes on from its variable, dynamic_scale)
