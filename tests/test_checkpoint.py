@@ -817,6 +817,27 @@ def test_a_checkpoint_of_another_dtype_policy_is_refused_naming_the_policy(tmp_p
 
 
 
+@pytest.mark.parametrize("name", [None, "opt"])
+def test_a_loss_scale_optimizer_wrapping_another_optimizer_is_refused_naming_both(tmp_path, name):
+    """A run of LossScaleOptimizer(Adam) resumed as LossScaleOptimizer(AdamW): only the outer classes were compared, so
+    with the same optimizer name (the same variable paths) the resume went on silently with AdamW (its weight_decay not
+    named either: the options of inner optimizers of two classes are not compared); with Keras's names it was refused
+    naming two variables. Refused naming both inner optimizers, as Adam -> AdamW without the wrapper is."""
+    x, y = data()
+    path = tmp_path / "run.ckpt"
+
+    def fit(inner):
+        model = make_model(dropout=False)
+        model.compile(optimizer=keras.optimizers.LossScaleOptimizer(inner(0.01, name=name)), loss="mse")
+        kfit.fit(model, x, y, epochs=1, callbacks=[kfit.callbacks.Checkpoint(path, async_write=False)], **FIT)
+
+    fit(keras.optimizers.Adam)
+    with pytest.raises(CheckpointMismatchError, match="saved with a LossScaleOptimizer wrapping an Adam optimizer, and "
+                       "this model's LossScaleOptimizer wraps an AdamW. Compile the model with the optimizer it was "
+                       "trained with"):
+        fit(keras.optimizers.AdamW)
+
+
 @pytest.mark.parametrize("saved, resumed, option, has", [
     (dict(gradient_accumulation_steps=2), {}, "gradient_accumulation_steps", "the checkpoint's"),
     ({}, dict(use_ema=True), "use_ema", "this model's"),

@@ -633,6 +633,13 @@ def _build_optimizer(model: Any, meta: dict, file: str) -> None:
             + (" and under the dtype policy it was trained under (Keras wraps the optimizer in a LossScaleOptimizer "
                f"under the mixed_float16 policy; this model's policy is {_policy_name(model)!r})." if scaled else ".")
         )
+    inner, saved_inner = getattr(optimizer, "inner_optimizer", None), saved.get("inner")  # (older files: none)
+    if inner is not None and saved_inner is not None and saved_inner.get("class") != type(inner).__name__:
+        raise CheckpointMismatchError(
+            f"The checkpoint {file!r} was saved with {_a(saved['class'])} wrapping {_a(saved_inner['class'])} "
+            f"optimizer, and this model's {saved['class']} wraps {_a(type(inner).__name__)}. Compile the model with "
+            "the optimizer it was trained with."
+        )
     if not optimizer.built and meta["variables"]["optimizer"]:
         if not model.trainable_variables:
             return  # the model check reports the unbuilt model
