@@ -8,6 +8,7 @@ gives the same value, before and after a resume.
 from __future__ import annotations
 
 import bisect
+import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -101,14 +102,19 @@ def _freeze(value: Any) -> Any:
     return value
 
 
+@functools.cache
+def _argument_names(cls: type) -> tuple[str, ...]:
+    return tuple(inspect.signature(cls).parameters)
+
+
 # ---------------------------------------------------------------------------------------------------------
 
 
 class Schedule:
     """A pure function of the training clock: `value = schedule(samples, minibatches)`.
 
-    Subclasses implement `_value` and `_params` (their constructor arguments); configuration, equality,
-    hashing and `repr` follow from `_params`. A schedule never keeps state: it is safe to call it at any
+    Subclasses implement `_value` and keep each constructor argument in the attribute of its name (or
+    override `_params`); configuration, equality, hashing and `repr` follow from `_params`. A schedule never keeps state: it is safe to call it at any
     clock reading, in any order, any number of times.
 
     Attributes:
@@ -159,8 +165,10 @@ class Schedule:
         return samples + 1, minibatches + 1
 
     def _params(self) -> dict[str, Any]:
-        """The constructor arguments that rebuild this schedule (schedules among them left as objects)."""
-        raise NotImplementedError
+        """The constructor arguments that rebuild this schedule (schedules among them left as objects): by
+        default the attributes named as the constructor's arguments, a tuple as a list."""
+        values = {name: getattr(self, name) for name in _argument_names(type(self))}
+        return {name: list(v) if isinstance(v, tuple) else v for name, v in values.items()}
 
     def _attained_values(self) -> tuple[float, ...]:
         """Values this schedule certainly takes, its value at the start first; empty when unknown.
@@ -220,9 +228,6 @@ class Constant(Schedule):
     def holds_until(self, samples: int, minibatches: int = 0) -> tuple[float, float]:
         return math.inf, math.inf
 
-    def _params(self) -> dict[str, Any]:
-        return {"value": self.value}
-
     def _attained_values(self) -> tuple[float, ...]:
         return (float(self.value),)
 
@@ -269,13 +274,6 @@ class PiecewiseConstant(Schedule):
         until = self.boundaries[k] if k < len(self.boundaries) else math.inf
         return (math.inf, until) if self.per_minibatch else (until, math.inf)
 
-    def _params(self) -> dict[str, Any]:
-        return {
-            "boundaries": list(self.boundaries),
-            "values": list(self.values),
-            "per_minibatch": self.per_minibatch,
-        }
-
     def _attained_values(self) -> tuple[float, ...]:
         return tuple(float(v) for v in self.values)
 
@@ -307,9 +305,6 @@ class FromCallable(Schedule):
                 f"expected a finite number. Received: {value!r}"
             )
         return float(value)
-
-    def _params(self) -> dict[str, Any]:
-        return {"fn": self.fn, "name": self.name}
 
     def get_config(self) -> dict[str, Any]:
         """Always raises: a Python function cannot be described as data.

@@ -59,13 +59,6 @@ class LinearWarmup(Schedule):
             return float(self.end_value)
         return self.init_value + (self.end_value - self.init_value) * samples / self.warmup_samples
 
-    def _params(self) -> dict[str, Any]:
-        return {
-            "init_value": self.init_value,
-            "end_value": self.end_value,
-            "warmup_samples": self.warmup_samples,
-        }
-
     def _attained_values(self) -> tuple[float, ...]:
         return (float(self.init_value), float(self.end_value))
 
@@ -110,9 +103,6 @@ class CosineDecay(Schedule):
         fraction = min(samples, self.decay_samples) / self.decay_samples
         cosine = 0.5 * (1.0 + math.cos(math.pi * fraction))
         return self.init_value * ((1.0 - self.alpha) * cosine + self.alpha)
-
-    def _params(self) -> dict[str, Any]:
-        return {"init_value": self.init_value, "decay_samples": self.decay_samples, "alpha": self.alpha}
 
     def _attained_values(self) -> tuple[float, ...]:
         return (self._value(0, 0), self._value(self.decay_samples, 0))
@@ -165,14 +155,6 @@ class ExponentialDecay(Schedule):
         exponent = samples // self.decay_samples if self.staircase else samples / self.decay_samples
         return self.init_value * self.decay_rate**exponent
 
-    def _params(self) -> dict[str, Any]:
-        return {
-            "init_value": self.init_value,
-            "decay_rate": self.decay_rate,
-            "decay_samples": self.decay_samples,
-            "staircase": self.staircase,
-        }
-
     def _attained_values(self) -> tuple[float, ...]:
         return (float(self.init_value),)
 
@@ -223,9 +205,6 @@ class StepDecay(Schedule):
 
     def _value(self, samples: int, minibatches: int) -> float:
         return self.init_value * self.factor ** (samples // self.step_samples)
-
-    def _params(self) -> dict[str, Any]:
-        return {"init_value": self.init_value, "factor": self.factor, "step_samples": self.step_samples}
 
     def _attained_values(self) -> tuple[float, ...]:
         return (float(self.init_value),)
@@ -286,9 +265,6 @@ class Join(Schedule):
         k = bisect.bisect_right(self.boundaries, samples)
         start = self.boundaries[k - 1] if k else 0
         return self.schedules[k](samples - start, minibatches)
-
-    def _params(self) -> dict[str, Any]:
-        return {"schedules": list(self.schedules), "boundaries": list(self.boundaries)}
 
     def _attained_values(self) -> tuple[float, ...]:
         # Each piece starts at its own S = 0, but may end before reaching its later values.

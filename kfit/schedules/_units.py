@@ -38,21 +38,17 @@ _UNITS: dict[str, tuple[str, ...]] = {
 }
 
 # What each kind and unit accepts: (a test of a value, the words for an error message).
+_LEARNING_RATE = (lambda v: v >= 0, "learning rates >= 0 (a learning rate cannot be negative)")
+_MOMENTUM = (lambda v: 0 <= v < 1, "momenta in [0, 1)")
 _RULES: dict[tuple[str, str], tuple[Any, str]] = {
-    ("learning_rate", "per_sample"): (
-        lambda v: v >= 0,
-        "learning rates >= 0 (a learning rate cannot be negative)",
-    ),
-    ("learning_rate", "per_minibatch"): (
-        lambda v: v >= 0,
-        "learning rates >= 0 (a learning rate cannot be negative)",
-    ),
+    ("learning_rate", "per_sample"): _LEARNING_RATE,
+    ("learning_rate", "per_minibatch"): _LEARNING_RATE,
     ("momentum", "time_constant"): (
         lambda v: v >= 0,
         "finite time constants >= 0 in samples (0 means no momentum; a time constant cannot be negative)",
     ),
-    ("momentum", "per_sample"): (lambda v: 0 <= v < 1, "momenta in [0, 1)"),
-    ("momentum", "per_minibatch"): (lambda v: 0 <= v < 1, "momenta in [0, 1)"),
+    ("momentum", "per_sample"): _MOMENTUM,
+    ("momentum", "per_minibatch"): _MOMENTUM,
     ("minibatch_size", "samples"): (
         lambda v: v > 0 and float(v).is_integer(),
         "positive integer minibatch sizes",
