@@ -37,19 +37,11 @@ Example:
 from __future__ import annotations
 
 import enum
-import numbers
 from typing import Any, NoReturn
 
+from kfit import _checks, schedules
 from kfit.interval import FULL_DATA_SWEEP as _FULL_DATA_SWEEP
-from kfit.schedules import (
-    HyperparameterSchedule,
-    learning_rate_per_minibatch,
-    learning_rate_per_sample,
-    minibatch_size,
-    momentum_as_time_constant,
-    momentum_per_minibatch,
-    momentum_per_sample,
-)
+from kfit.schedules import HyperparameterSchedule
 
 __all__ = [
     "FULL_DATA_SWEEP",
@@ -119,8 +111,7 @@ class UnitType(enum.Enum):
 
 def _reference(minibatch_size: Any) -> Any:
     # CNTK's IGNORE (0) means the same as None. Anything else goes to kfit's check as given.
-    is_int = isinstance(minibatch_size, numbers.Integral) and not isinstance(minibatch_size, bool)
-    if minibatch_size is None or (is_int and minibatch_size == IGNORE):
+    if minibatch_size is None or (_checks.is_integer(minibatch_size) and minibatch_size == IGNORE):
         return None
     return minibatch_size
 
@@ -145,7 +136,7 @@ def learning_parameter_schedule_per_sample(
         0.1
     """
     epoch_size = _epoch_size(epoch_size, "learning_parameter_schedule_per_sample")
-    return learning_rate_per_sample(schedule, epoch_size)
+    return schedules.learning_rate_per_sample(schedule, epoch_size)
 
 
 def learning_parameter_schedule(
@@ -169,7 +160,7 @@ def learning_parameter_schedule(
         0.2
     """
     epoch_size = _epoch_size(epoch_size, "learning_parameter_schedule")
-    return learning_rate_per_minibatch(
+    return schedules.learning_rate_per_minibatch(
         schedule, epoch_size, reference_minibatch_size=_reference(minibatch_size)
     )
 
@@ -202,8 +193,8 @@ def learning_rate_schedule(
             f"Invalid value for argument `unit`: expected UnitType.sample or UnitType.minibatch. Received: unit={unit!r}"
         ) from None
     if unit is UnitType.sample:
-        return learning_rate_per_sample(schedule, epoch_size)
-    return learning_rate_per_minibatch(schedule, epoch_size)
+        return schedules.learning_rate_per_sample(schedule, epoch_size)
+    return schedules.learning_rate_per_minibatch(schedule, epoch_size)
 
 
 def training_parameter_schedule(
@@ -253,7 +244,7 @@ def momentum_as_time_constant_schedule(
         0.9990239141819757
     """
     epoch_size = _epoch_size(epoch_size, "momentum_as_time_constant_schedule")
-    return momentum_as_time_constant(momentum, epoch_size)
+    return schedules.momentum_as_time_constant(momentum, epoch_size)
 
 
 def momentum_schedule_per_sample(momentum: Any, epoch_size: int | None = None) -> HyperparameterSchedule:
@@ -274,7 +265,7 @@ def momentum_schedule_per_sample(momentum: Any, epoch_size: int | None = None) -
         0.25
     """
     epoch_size = _epoch_size(epoch_size, "momentum_schedule_per_sample")
-    return momentum_per_sample(momentum, epoch_size)
+    return schedules.momentum_per_sample(momentum, epoch_size)
 
 
 def momentum_schedule(
@@ -299,7 +290,9 @@ def momentum_schedule(
         (0.99, 0.99, 0.9, 0.9)
     """
     epoch_size = _epoch_size(epoch_size, "momentum_schedule")
-    return momentum_per_minibatch(momentum, epoch_size, reference_minibatch_size=_reference(minibatch_size))
+    return schedules.momentum_per_minibatch(
+        momentum, epoch_size, reference_minibatch_size=_reference(minibatch_size)
+    )
 
 
 def minibatch_size_schedule(schedule: Any, epoch_size: int | None = 1) -> HyperparameterSchedule:
@@ -330,7 +323,7 @@ def minibatch_size_schedule(schedule: Any, epoch_size: int | None = 1) -> Hyperp
         (32, 64, 128)
     """
     epoch_size = _epoch_size(epoch_size, "minibatch_size_schedule")
-    return minibatch_size(schedule, epoch_size)
+    return schedules.minibatch_size(schedule, epoch_size)
 
 
 def _no_learner(name: str, optimizer: str, schedules: str, options: dict, also: str = "") -> NoReturn:
