@@ -72,7 +72,7 @@ class EvaluationData:
                 "that batches itself (tf.data.Dataset, keras.utils.PyDataset, torch DataLoader). "
                 f"Received: {argument}={_describe(data)}"
             )
-        parts = [self._host(part) for part in data] + [None] * (3 - len(data))
+        parts = [to_host(part) for part in data] + [None] * (3 - len(data))
         self.x, self.y, self.sample_weight = parts
         lengths = {}
         for index, part in enumerate(parts):
@@ -97,8 +97,6 @@ class EvaluationData:
         self.num_samples = sizes.pop()
         if self.num_samples == 0:
             raise ValueError(f"Invalid value for argument `{argument}` of {owner}: it holds no sample.")
-
-    _host = staticmethod(to_host)
 
     def check_model(self, model: Any) -> None:
         """Evaluates one minibatch of arrays now, so that data that does not fit the model (by Keras's own
@@ -153,7 +151,29 @@ def _rows(part: Any, lo: int, hi: int) -> Any:
     return pack(part, [None if leaf is None else np.asarray(leaf[lo:hi]) for leaf in flatten(part)])
 
 
-class _Minibatches(keras.utils.PyDataset):
+class _Share:
+    """The rows ``[lo, hi)`` of the ``num_samples`` rows of an evaluation that this worker evaluates."""
+
+    @property
+    def local_samples(self) -> int:
+        """The samples this worker evaluates."""
+        return self.hi - self.lo
+
+    def select(self, sharded: bool) -> bool:
+        """Makes this worker evaluate its share when ``sharded`` and there are at least as many rows as workers
+        (the same decision on every worker), else all rows; returns whether it did."""
+        from kfit.distributed import _evaluation, _select
+
+        engine = _select.current()
+        size = engine.size() if engine is not None else 1
+        if not sharded or size == 1 or self.num_samples < size:
+            self.lo, self.hi = 0, self.num_samples
+            return False
+        self.lo, self.hi = _evaluation.share(self.num_samples, engine.rank(), size)
+        return True
+
+
+class _Minibatches(_Share, keras.utils.PyDataset):
     """Consecutive minibatches of evaluation data, read lazily (an h5py dataset is never read whole).
 
     ``num_samples`` and :attr:`num_minibatches` describe the whole evaluation; the rows this worker
@@ -174,16 +194,6 @@ class _Minibatches(keras.utils.PyDataset):
         """The minibatches of the whole evaluation (as one worker evaluates it)."""
         return math.ceil(self.num_samples / self.batch_size)
 
-    @property
-    def local_samples(self) -> int:
-        """The samples this worker evaluates."""
-        return self.hi - self.lo
-
-    def select(self, sharded: bool) -> bool:
-        """Makes this worker evaluate its share (when ``sharded`` and every worker gets a sample); returns
-        whether it did."""
-        return _select_share(self, sharded)
-
     def parts(self) -> tuple:
         return self.data.x, self.data.y, self.data.sample_weight
 
@@ -194,7 +204,7 @@ class _Minibatches(keras.utils.PyDataset):
     def __getitem__(self, index: int) -> tuple:
         lo = self.lo + index * self.batch_size
         hi = min(lo + self.batch_size, self.hi)
-        x, y, sw = (_rows(p, lo, hi) for p in (self.data.x, self.data.y, self.data.sample_weight))
+        x, y, sw = (_rows(p, lo, hi) for p in self.parts())
         if isinstance(x, tuple):
             x = list(x)  # Keras reads a tuple inside the batch as (x, y, ...)
         if sw is not None:
@@ -202,22 +212,9 @@ class _Minibatches(keras.utils.PyDataset):
         return (x, y) if y is not None else (x,)
 
 
-def _select_share(batches: Any, sharded: bool) -> bool:
-    """Sets ``batches.lo, batches.hi`` to this worker's share of ``batches.num_samples`` rows when ``sharded``
-    and there are at least as many rows as workers (the same decision on every worker); else all rows."""
-    from kfit.distributed import _evaluation, _select
-
-    engine = _select.current()
-    size = engine.size() if engine is not None else 1
-    if not sharded or size == 1 or batches.num_samples < size:
-        batches.lo, batches.hi = 0, batches.num_samples
-        return False
-    batches.lo, batches.hi = _evaluation.share(batches.num_samples, engine.rank(), size)
-    return True
-
-
-class _SourceBatches:
-    """A source's minibatches, read (up to ``max_samples`` samples) and counted (``num_samples``, ``len``)."""
+class _SourceBatches(_Share):
+    """A source's minibatches, read (up to ``max_samples`` samples) and counted (``num_samples``, ``len``);
+    :meth:`select` picks this worker's share of the rows after :meth:`read`."""
 
     def __init__(self, source: Any, max_samples: int | None):
         self.source, self.max_samples = source, max_samples
@@ -232,15 +229,6 @@ class _SourceBatches:
     def num_minibatches(self) -> int:
         """The source's minibatches read (the whole evaluation's)."""
         return self.count
-
-    @property
-    def local_samples(self) -> int:
-        """The samples this worker evaluates (rows ``[lo, hi)`` of those read)."""
-        return self.hi - self.lo
-
-    def select(self, sharded: bool) -> bool:
-        """After :meth:`read`: this worker's share of the rows read (see :class:`_Minibatches`)."""
-        return _select_share(self, sharded)
 
     def read(self) -> tuple:
         """The minibatches, read now and laid end to end: ``(x, y, sample_weight, batch_size)`` arrays that
@@ -378,6 +366,24 @@ def average_error(name: str, value: float) -> float:
     return 1.0 - value if is_accuracy(name) else value
 
 
+def evaluation_logs(callback: Any, prefix: str, owner: str, max_samples: int | None = None) -> tuple:
+    """Evaluates ``callback.data`` (in minibatches of ``callback.minibatch_size`` at the run's clock) and
+    sets ``callback.evaluated_samples``; returns the logs, ``<prefix>_<name>`` for every result then
+    ``<prefix>_average_error``, ``<prefix>_samples`` and ``<prefix>_minibatches``, and the key and value of
+    the result that gives the average error (:func:`choose_metric` of ``callback.metric``)."""
+    model = callback.model  # on JAX this syncs the loop's state into the variables
+    size = minibatch_size_at(callback.minibatch_size, callback.training_run.clock)
+    batches = callback.data.minibatches(size, max_samples)
+    results = evaluate(model, batches)
+    callback.evaluated_samples = batches.local_samples
+    key = choose_metric(model, results, callback.metric, owner)
+    logs: dict[str, Any] = {f"{prefix}_{k}": v for k, v in results.items()}
+    logs[f"{prefix}_average_error"] = average_error(key, results[key])
+    logs[f"{prefix}_samples"] = batches.num_samples
+    logs[f"{prefix}_minibatches"] = batches.num_minibatches
+    return logs, key, results[key]
+
+
 def evaluate(model: Any, batches: Any) -> dict[str, Any]:
     """``model.evaluate`` on ``batches``, leaving the training metrics and the training mode as they were.
 
@@ -423,10 +429,7 @@ def _keeping_training_state(model: Any, run: Callable[[], dict], combine: bool =
         if training is True and callable(getattr(model, "train", None)):
             model.train()
         _backend.record_state_sharding(model)
-    return {k: _scalar(v) for k, v in results.items()}
-
-
-_scalar = _checks.log_value
+    return {k: _checks.log_value(v) for k, v in results.items()}
 
 
 class CrossValidation(KfitCallback):
@@ -600,22 +603,12 @@ class CrossValidation(KfitCallback):
             self.results.append(dict(logs))
             self._call_back(logs["val_index"], 0.0, 0, 0)
             return logs
-        model = self.model  # on JAX this syncs the loop's state into the variables
-        size = minibatch_size_at(self.minibatch_size, clock)
-        batches = self.data.minibatches(size, self.max_samples)
-        results = evaluate(model, batches)
-        self.evaluated_samples = batches.local_samples
-        key = choose_metric(model, results, self.metric, "CrossValidation")
-        error = average_error(key, results[key])
+        logs, _, _ = evaluation_logs(self, "val", "CrossValidation", self.max_samples)
         index = self.index
-        logs: dict[str, Any] = {f"val_{k}": v for k, v in results.items()}
-        logs.update(
-            val_average_error=error, val_samples=batches.num_samples, val_minibatches=batches.num_minibatches,
-            val_index=index, samples=clock.samples,
-        )
+        logs.update(val_index=index, samples=clock.samples)
         self.results.append(dict(logs))
         self._epoch_logs = {k: v for k, v in logs.items() if k.startswith("val_")}
-        self._call_back(index, error, batches.num_samples, batches.num_minibatches)
+        self._call_back(index, logs["val_average_error"], logs["val_samples"], logs["val_minibatches"])
         self.publish("on_cross_validation_end", index, dict(logs))
         return logs
 

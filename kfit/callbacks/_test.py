@@ -7,14 +7,11 @@ from typing import Any
 from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._cross_validation import (
     EvaluationData,
-    average_error,
     check_minibatch_size,
-    choose_metric,
     cntk_data,
     cntk_keywords,
-    evaluate,
+    evaluation_logs,
     is_accuracy,
-    minibatch_size_at,
 )
 
 
@@ -120,18 +117,7 @@ class Test(KfitCallback):
 
     def run(self) -> dict[str, Any]:
         """Evaluates now and reports the results (see the class); returns the ``test_*`` logs."""
-        model = self.model  # on JAX this syncs the loop's state into the variables
-        size = minibatch_size_at(self.minibatch_size, self.training_run.clock)
-        batches = self.data.minibatches(size)
-        results = evaluate(model, batches)
-        self.evaluated_samples = batches.local_samples
-        key = choose_metric(model, results, self.metric, "Test")
-        logs: dict[str, Any] = {f"test_{k}": v for k, v in results.items()}
-        logs.update(
-            test_average_error=average_error(key, results[key]),
-            test_samples=batches.num_samples,
-            test_minibatches=batches.num_minibatches,
-        )
+        logs, key, value = evaluation_logs(self, "test", "Test")
         self.results = logs
         history = self._history()
         if history is not None:
@@ -142,16 +128,16 @@ class Test(KfitCallback):
             from kfit import distributed
 
             if distributed.is_chief():
-                print(self._line(key, results[key], batches.num_samples, batches.num_minibatches), flush=True)
+                print(self._line(key, value, logs), flush=True)
         return logs
 
     @staticmethod
-    def _line(key: str, value: float, samples: int, minibatches: int) -> str:
+    def _line(key: str, value: float, logs: dict[str, Any]) -> str:
         if is_accuracy(key):
             metric = f"1 - {key.removeprefix('test_')} = {(1.0 - value) * 100.0:.2f}%"
         else:
             metric = f"{key.removeprefix('test_')} = {value:.6f}"
-        return f"Finished Test: Minibatch[1-{minibatches}]: {metric} * {samples};"
+        return f"Finished Test: Minibatch[1-{logs['test_minibatches']}]: {metric} * {logs['test_samples']};"
 
     def _history(self) -> Any:
         if self.training_run.history is not None:
