@@ -3,13 +3,9 @@
 import keras
 from keras import ops
 
-from ._hyperparameters import (
-    add_hyperparameter_variable,
-    check_bool,
-    check_real,
-    refuse_cntk_options,
-    refuse_schedule,
-)
+from kfit import _checks
+
+from ._hyperparameters import add_hyperparameter_variable, refuse_cntk_options, refuse_schedule
 
 
 @keras.saving.register_keras_serializable(package="kfit")
@@ -91,11 +87,11 @@ class Adam(keras.optimizers.Optimizer):
             "beta_1.")})
         refuse_schedule("Adam", "learning_rate", learning_rate, "LearningRateSchedule")
         refuse_schedule("Adam", "beta_1", beta_1, "MomentumSchedule")
-        beta_1 = check_real("beta_1", beta_1, low=0.0, high=1.0, high_inclusive=False)
-        beta_2 = check_real("beta_2", beta_2, low=0.0, high=1.0, high_inclusive=False)
-        epsilon = check_real("epsilon", epsilon, low=0.0, high=float("inf"), high_inclusive=False)
-        check_bool("amsgrad", amsgrad)
-        check_bool("unit_gain", unit_gain)
+        beta_1 = _checks.real("beta_1", beta_1, low=0.0, high=1.0, high_inclusive=False)
+        beta_2 = _checks.real("beta_2", beta_2, low=0.0, high=1.0, high_inclusive=False)
+        epsilon = _checks.real("epsilon", epsilon, low=0.0)
+        _checks.boolean("amsgrad", amsgrad)
+        _checks.boolean("unit_gain", unit_gain)
         if not unit_gain:
             raise ValueError(
                 "Invalid value for argument `unit_gain`: kfit's Adam is unit-gain (CNTK's default, m += (1 - beta_1) * "

@@ -12,8 +12,6 @@ import numbers
 
 import keras
 
-from kfit import _checks
-
 HYPERPARAMETERS = ("learning_rate", "momentum", "beta_1", "minibatch_size")
 """The hyperparameters that kfit's schedules know how to set."""
 
@@ -171,9 +169,6 @@ def add_hyperparameter_variable(optimizer: keras.optimizers.Optimizer, name: str
     )
 
 
-check_real = _checks.real
-
-check_bool = _checks.boolean
 
 def unwrapped(optimizer):
     """The optimizer that holds the hyperparameters: a ``LossScaleOptimizer``'s (``mixed_float16``) inner one (it

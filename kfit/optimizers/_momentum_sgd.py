@@ -3,13 +3,9 @@
 import keras
 from keras import ops
 
-from ._hyperparameters import (
-    add_hyperparameter_variable,
-    check_bool,
-    check_real,
-    refuse_cntk_options,
-    refuse_schedule,
-)
+from kfit import _checks
+
+from ._hyperparameters import add_hyperparameter_variable, refuse_cntk_options, refuse_schedule
 
 _VARIANTS = ("cntk", "keras")
 
@@ -103,17 +99,10 @@ class MomentumSGD(keras.optimizers.Optimizer):
         refuse_cntk_options("MomentumSGD", kwargs)
         refuse_schedule("MomentumSGD", "learning_rate", learning_rate, "LearningRateSchedule")
         refuse_schedule("MomentumSGD", "momentum", momentum, "MomentumSchedule")
-        momentum = check_real("momentum", momentum, low=0.0, high=1.0, high_inclusive=False)
-        minibatch_size = check_real(
-            "minibatch_size",
-            minibatch_size,
-            low=0.0,
-            high=float("inf"),
-            low_inclusive=False,
-            high_inclusive=False,
-        )
-        check_bool("nesterov", nesterov)
-        check_bool("unit_gain", unit_gain)
+        momentum = _checks.real("momentum", momentum, low=0.0, high=1.0, high_inclusive=False)
+        minibatch_size = _checks.real("minibatch_size", minibatch_size, low=0.0, low_inclusive=False)
+        _checks.boolean("nesterov", nesterov)
+        _checks.boolean("unit_gain", unit_gain)
         if not isinstance(variant, str):
             raise TypeError(f"Argument `variant` must be a string. Received: variant={variant!r}")
         if variant not in _VARIANTS:
