@@ -24,6 +24,10 @@ def _flushing(hook: Any) -> Any:
     the callback has ended an epoch (``on_epoch_end``) and the callback has ended (``on_train_end``)."""
 
     name = getattr(hook, "__name__", "hook")
+    # The hooks whose end the run is told once, by the outermost call (a subclass's hook calls its base's):
+    # the flag that marks a call in progress, and the run's method to tell.
+    flag, tell = {"on_train_begin": ("_kfit_beginning", "member_began"),
+                  "on_epoch_end": ("_kfit_ending_epoch", "member_epoch_ended")}.get(name, (None, None))
 
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         run = getattr(self, "_run", None)
@@ -33,30 +37,19 @@ def _flushing(hook: Any) -> Any:
             run.driver.epoch_ends(run)  # (a step Keras began past the end of data of unknown length)
         run.flush()
         run.begun = True
-        if name == "on_train_begin":
-            outermost = not getattr(self, "_kfit_beginning", False)  # (a subclass's hook calls its base's)
-            self._kfit_beginning = True
+        if flag is not None:
+            outermost = not getattr(self, flag, False)
+            setattr(self, flag, True)
             try:
                 result = hook(self, *args, **kwargs)
             finally:
                 if outermost:
-                    self._kfit_beginning = False
+                    setattr(self, flag, False)
             if outermost:
-                run.member_began(self)
+                getattr(run, tell)(self)
             return result
         if name == "on_epoch_begin":
             run.epoch_begins()
-        elif name == "on_epoch_end":
-            outermost = not getattr(self, "_kfit_ending_epoch", False)
-            self._kfit_ending_epoch = True
-            try:
-                result = hook(self, *args, **kwargs)
-            finally:
-                if outermost:
-                    self._kfit_ending_epoch = False
-            if outermost:
-                run.member_epoch_ended(self)
-            return result
         try:
             return hook(self, *args, **kwargs)
         finally:
