@@ -115,10 +115,8 @@ class Clock:
         missing = {"samples", "minibatches"} - set(state)
         if missing:
             raise ValueError(f"Clock state is missing {sorted(missing)}. Received: {state!r}")
-        _checks.count("samples", state["samples"])
-        _checks.count("minibatches", state["minibatches"])
-        self.samples = int(state["samples"])
-        self.minibatches = int(state["minibatches"])
+        samples = _checks.count("samples", state["samples"])
+        self.samples, self.minibatches = samples, _checks.count("minibatches", state["minibatches"])
         if state.get("epoch_size") is not None:
             self.epoch_size = int(state["epoch_size"])
         self.minibatch_size = state.get("minibatch_size")

@@ -124,12 +124,12 @@ class IntervalMeans:
         """The 1-based index, within the epoch, of the first minibatch the clock has just counted: the last one, or
         the first of a call of several steps (``steps_per_execution``)."""
         if clock.counted_from is None:
-            return clock.minibatches - self.epoch_start_minibatches
+            return self.index(clock)
         return clock.counted_from[1] - self.epoch_start_minibatches + 1
 
     def due(self, clock: Clock, freq: int | None, first: int = 0) -> bool:
         """Whether a minibatch the clock has just counted ends a progress interval (:func:`is_due`)."""
-        index = clock.minibatches - self.epoch_start_minibatches
+        index = self.index(clock)
         if clock.counted_from is None:
             return is_due(index, freq, first)
         return any(is_due(i, freq, first) for i in range(self.first_index(clock), index + 1))
@@ -143,12 +143,8 @@ class IntervalMeans:
         logs = logs or {}
         n_b = self.samples(clock)
         n_a = self.last_samples
-        current = {}
-        for key in keys if keys is not None else list(logs):
-            if key in logs:
-                value = to_float(logs[key])
-                if value is not None:
-                    current[key] = value
+        values = {key: to_float(logs[key]) for key in (keys if keys is not None else logs) if key in logs}
+        current = {key: value for key, value in values.items() if value is not None}
         means = {}
         count = n_b - n_a
         for key, m_b in current.items():
@@ -195,12 +191,11 @@ class ScheduledValues:
     ``B``)."""
 
     def __init__(self) -> None:
-        self.size: int | None = None
-        self.values: dict[str, float] = {}
+        self.reset()
 
     def reset(self) -> None:
-        self.size = None
-        self.values = {}
+        self.size: int | None = None
+        self.values: dict[str, float] = {}
 
     def get_state(self) -> dict[str, Any]:
         return {"size": self.size, "values": dict(self.values)}

@@ -52,14 +52,11 @@ def _masked_crc32c(data: bytes) -> int:
 def _varint(value: int) -> bytes:
     out = bytearray()
     value &= 0xFFFFFFFFFFFFFFFF
-    while True:
-        bits = value & 0x7F
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
         value >>= 7
-        if value:
-            out.append(bits | 0x80)
-        else:
-            out.append(bits)
-            return bytes(out)
+    out.append(value)
+    return bytes(out)
 
 
 def _field(number: int, payload: bytes) -> bytes:

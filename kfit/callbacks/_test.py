@@ -119,12 +119,13 @@ class Test(KfitCallback):
         """Evaluates now and reports the results (see the class); returns the ``test_*`` logs."""
         logs, key, value = evaluation_logs(self, "test", "Test")
         self.results = logs
-        history = self._history()
+        history = self.training_run.history
+        history = history if history is not None else getattr(self.training_model, "history", None)
         if history is not None:
             for k, v in logs.items():
                 history.history[k] = [v]
         self.publish("on_final_test_end", dict(logs))
-        if self.verbose and not self._printer_present():
+        if self.verbose and not any(type(p).__name__ == "ProgressPrinter" for p in self.peers()):
             from kfit import distributed
 
             if distributed.is_chief():
@@ -138,14 +139,6 @@ class Test(KfitCallback):
         else:
             metric = f"{key.removeprefix('test_')} = {value:.6f}"
         return f"Finished Test: Minibatch[1-{logs['test_minibatches']}]: {metric} * {logs['test_samples']};"
-
-    def _history(self) -> Any:
-        if self.training_run.history is not None:
-            return self.training_run.history
-        return getattr(self.training_model, "history", None)
-
-    def _printer_present(self) -> bool:
-        return any(type(p).__name__ == "ProgressPrinter" for p in self.peers())
 
     def get_state(self) -> dict[str, Any]:
         return {"results": None if self.results is None else dict(self.results)}
