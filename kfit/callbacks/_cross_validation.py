@@ -8,7 +8,6 @@ training metrics of the epoch in progress.
 from __future__ import annotations
 
 import math
-import numbers
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -256,19 +255,14 @@ def check_minibatch_size(value: Any, owner: str) -> Any:
     """An int, or a ``kfit.schedules.minibatch_size`` schedule; anything else is refused."""
     from kfit import schedules
 
-    if isinstance(value, schedules.HyperparameterSchedule):
-        if value.kind != "minibatch_size":
-            raise ValueError(
-                f"Invalid value for argument `minibatch_size` of {owner}: expected a positive integer or "
-                f"kfit.schedules.minibatch_size(...). Received a {value.kind} schedule: {value!r}"
-            )
+    is_schedule = isinstance(value, schedules.HyperparameterSchedule)
+    if is_schedule and value.kind == "minibatch_size":
         return value
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(
-            f"Invalid value for argument `minibatch_size` of {owner}: expected a positive integer or "
-            f"kfit.schedules.minibatch_size(...). Received: minibatch_size={value!r}"
-        )
-    return int(value)
+    if not is_schedule and _checks.is_integer(value) and value >= 1:
+        return int(value)
+    received = f" a {value.kind} schedule: {value!r}" if is_schedule else f": minibatch_size={value!r}"
+    raise ValueError(f"Invalid value for argument `minibatch_size` of {owner}: expected a positive integer or "
+                     f"kfit.schedules.minibatch_size(...). Received{received}")
 
 
 DEFAULT_MINIBATCH_SIZE = 32
