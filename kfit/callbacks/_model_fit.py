@@ -46,6 +46,7 @@ class ModelFitLoop(RunLoop):
         self._restored = False
         self._noted = False
         self._ended_epoch: set[int] = set()  # ids of the kfit callbacks whose on_epoch_end has run, this epoch
+        self._epoch_begun = False  # an epoch has begun (its first kfit callback records the values moved since)
         self._after_epoch_end: list = []  # what waits for every kfit callback's on_epoch_end (a checkpoint's save)
 
     def member_began(self, run: _run.Run, callback: Any) -> None:
@@ -78,11 +79,14 @@ class ModelFitLoop(RunLoop):
             action()
 
     def epoch_begins(self, run: _run.Run) -> None:
+        first = bool(self._ended_epoch) or not self._epoch_begun  # (told by each kfit callback: the epoch's first)
+        self._epoch_begun = True
         self._ended_epoch.clear()
         self._run_after_epoch_end()  # (none left: every kfit callback ends each epoch)
         self._give_history_its_epochs(run)
         self._forget_initial_epoch(run)  # model.fit has read it (right after on_train_begin)
-        _run.record_moved_values(run)  # (what a model.fit that raises leaves: it tells no callback)
+        if first:
+            _run.record_moved_values(run)  # (what a model.fit that raises leaves: it tells no callback)
 
     @staticmethod
     def _give_history_its_epochs(run: _run.Run) -> None:
