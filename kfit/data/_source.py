@@ -11,7 +11,10 @@ which reproduces the interrupted run when the source yields the same minibatches
 epochs (``steps_per_epoch``), Keras's epochs end early where a pass ends: the run's clock follows them
 (:attr:`kfit.Clock.epoch_start`), and a ``PyDataset``'s ``on_epoch_begin`` and ``on_epoch_end`` are called for each
 epoch the resumed run skips, as Keras's adapter called them (on TensorFlow, whose ``tf.data`` reads a varying number
-of batches ahead of those calls, a dataset that changes its rows there cannot resume exactly: ``kfit.fit`` says so).
+of batches ahead of those calls, a dataset that changes its rows there cannot resume exactly: ``kfit.fit`` says so;
+hooks whose body only returns None are not counted). Two more may not resume exactly, and say so as they resume: a
+``PyDataset`` with workers that Keras shuffles (its queue loses whole epochs' orders, as timing has it), and a source
+of unknown length that restarts (Keras learns its passes' length counting from where its iterator began).
 
 A ``tf.data`` pipeline read from its start at every epoch also has a state of its own: the
 checkpoint holds its iterator's state as the epoch's pass began (its shuffle order and random state, as
@@ -29,8 +32,10 @@ batches' order from Python's random state: the checkpoint holds that state as th
 
 from __future__ import annotations
 
+import dis
 import itertools
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -397,7 +402,34 @@ class SourceAdapter(_backend.DataAdapter):
             self.reopens = True
         if self.steps_per_epoch is not None and steps_in_epoch:
             self._limit = self.epoch_steps - steps_in_epoch
+        for caveat in self._inexact_resume():
+            warnings.warn(caveat, stacklevel=2)
         return self._skip
+
+    def _inexact_resume(self) -> list[str]:
+        """What keeps a resume on this source from reproducing the uninterrupted run, said once as it resumes."""
+        caveats = []
+        if not self.epochs_vary:
+            return caveats
+        if (self._pydataset is not None and self.inner.num_batches and getattr(self.inner, "shuffle", False)
+                and getattr(self.inner, "enqueuer", None) is not None):
+            caveats.append(PYDATASET_WORKERS_SHUFFLE_RESUME)
+        if self.restarts and not self.inner.num_batches and not self._endless:
+            caveats.append(UNKNOWN_LENGTH_RESUME)
+        return caveats
+
+    @property
+    def _endless(self) -> bool:
+        """True for a source Keras reads as endless: a ``PyDataset`` of no length (read by index without end), a
+        ``tf.data`` pipeline of infinite cardinality (``TFDatasetAdapter.get_tf_dataset`` gives it as it is: Keras
+        3.10-3.15)."""
+        if self._pydataset is not None:
+            return not self.inner.num_batches
+        if self._tf_data:
+            import tensorflow as tf
+
+            return int(self.inner.get_tf_dataset().cardinality()) == tf.data.INFINITE_CARDINALITY
+        return False
 
     def replay_epoch_hooks(self, epochs: int) -> None:
         """Calls a ``PyDataset``'s ``on_epoch_begin`` and ``on_epoch_end`` once for each of the ``epochs`` epochs a
@@ -411,10 +443,9 @@ class SourceAdapter(_backend.DataAdapter):
     @property
     def has_epoch_hooks(self) -> bool:
         """True for a ``PyDataset`` with an ``on_epoch_begin`` or ``on_epoch_end`` of its own (it may change its rows
-        there)."""
-        return self._pydataset is not None and any(
-            getattr(type(self._pydataset), hook) is not getattr(keras.utils.PyDataset, hook)
-            for hook in ("on_epoch_begin", "on_epoch_end"))
+        there) that does something: one whose body only returns None (``pass``, a docstring) changes nothing."""
+        return self._pydataset is not None and not all(
+            _does_nothing(getattr(self._pydataset, hook)) for hook in ("on_epoch_begin", "on_epoch_end"))
 
     def size_of_step(self, steps: int) -> int | None:
         """The size of the ``steps``-th step since training began, if its batch has been read."""
@@ -784,6 +815,37 @@ class SourceAdapter(_backend.DataAdapter):
 
 
 _END = object()
+
+PYDATASET_WORKERS_SHUFFLE_RESUME = (
+    "This resume is not exact: with steps_per_epoch other than its length, a PyDataset with workers and shuffle=True "
+    "is read by Keras's own adapter, whose queue of workers draws a new order of the batches as every epoch begins "
+    "and keeps the batches of the orders it drew for the epochs after; whether an epoch's order reaches the queue "
+    "depends on how soon its worker thread starts, so the batches trained differ from run to run (under model.fit "
+    "too), and a resumed run cannot find the ones the interrupted run would have trained. For an exact resume give "
+    "steps_per_epoch equal to the dataset's length or leave it out (kfit's own stream reads the dataset), or "
+    "shuffle=False, or no workers."
+)
+
+UNKNOWN_LENGTH_RESUME = (
+    "This resume may not be exact: with steps_per_epoch, a source whose length Keras does not know (a tf.data "
+    "pipeline of unknown cardinality, a Grain dataset, a DataLoader without a length) is read on across epochs, and "
+    "Keras learns where a pass ends when its first pass ends, counting the steps since it began reading: a resumed "
+    "run's Keras counts them from the resume, so once a pass ends its epochs (the History) and the steps it trains "
+    "differ from the uninterrupted run's. For an exact resume give the source its length (tf.data: "
+    "dataset.apply(tf.data.experimental.assert_cardinality(batches))), make it endless (repeat()), or leave out "
+    "steps_per_epoch."
+)
+
+
+def _does_nothing(method: Any) -> bool:
+    """True for a Python function (or method) whose body only returns None: ``pass``, ``...``, a docstring,
+    ``return None`` (the same instructions for all four: checked on CPython 3.10-3.13). Anything else, a call of
+    ``super()``'s included, may do something."""
+    code = getattr(getattr(method, "__func__", method), "__code__", None)
+    if code is None:
+        return False
+    steps = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in ("RESUME", "NOP", "CACHE")]
+    return steps in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
 
 
 def _loader_generators(loader: Any) -> list:
