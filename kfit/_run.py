@@ -156,6 +156,10 @@ class Run:
     #: The optimizer's scalar variables (``learning_rate``, ...) as the code set them, before a restore (recorded in
     #: each checkpoint: a resume under other values in code is warned about; see :func:`hyperparameters_set_in_code`).
     hyperparameters_in_code: dict | None = None
+    #: :func:`kfit.fit` after a restore inside an epoch (a resume, or :func:`kfit.load_checkpoint` from a callback):
+    #: ``(variable, value)`` pairs put back as the next epoch begins, after Keras has reset the metrics and the
+    #: callbacks' ``on_epoch_begin`` have run (the epoch's metric state; for a resume, the optimizer's scalars too).
+    restored_values: list = field(default_factory=list)
 
     @property
     def kfit_fit(self) -> bool:

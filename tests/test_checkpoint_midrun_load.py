@@ -44,11 +44,11 @@ def train(loop, model, epochs, callbacks):
         warnings.simplefilter("ignore")  # (the restore notes: checked elsewhere)
         if loop == "kfit.fit":
             sizes = kfit.schedules.minibatch_size([16, 20], epoch_size=100)  # epoch 1: 16 x 6 + 4; epoch 2: 20 x 5
-            kfit.fit(model, x, y, minibatch_size=sizes, epoch_size=100, epochs=epochs, shuffle=False, seed=5,
-                     verbose=0, callbacks=callbacks)
+            return kfit.fit(model, x, y, minibatch_size=sizes, epoch_size=100, epochs=epochs, shuffle=False, seed=5,
+                            verbose=0, callbacks=callbacks)
         else:
-            model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
-                      callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=100), *callbacks])
+            return model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
+                             callbacks=[kfit.callbacks.SampleClock(batch_size=16, num_samples=100), *callbacks])
 
 
 def assert_same_weights(a, b):
@@ -212,3 +212,31 @@ def test_a_load_in_the_middle_of_a_run_says_nothing_of_a_minibatch_size_in_code_
     train(loop, resumed, 2, [kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"), frequency="100ep")])
     assert kfit.get_clock(loaded).samples == 200
     assert_same_weights(loaded, resumed)
+
+
+def test_the_metrics_of_a_checkpoint_written_inside_an_epoch_go_on_after_a_load_at_an_epoch_end(tmp_path):
+    """The checkpoint of sample 140 (40 samples into the second epoch) loaded at the end of the second epoch of
+    kfit.fit: Keras resets the metrics as the next epoch begins, so that epoch's History entry and printed means covered
+    only the 60 samples trained after the load, where a resume of the file continues the file's metric state and gives
+    the uninterrupted epoch's means."""
+    path = str(tmp_path / "c.ckpt")
+
+    def run(name, model, epochs, callbacks):
+        log = tmp_path / f"{name}.log"
+        history = train("kfit.fit", model, epochs, [*callbacks, kfit.callbacks.ProgressPrinter(freq=2, log_to_file=log)])
+        lines = [re.sub(r" \d+\.\d{3}s \(.*\);$", "", line) for line in log.read_text().splitlines()
+                 if line.startswith(("Finished Epoch", "Minibatch["))]  # (without the timing)
+        return history.history["loss"], lines
+
+    whole = run("whole", make_model(), 2, [kfit.callbacks.Checkpoint(path, frequency=140, preserve_all=True,
+                                                                     async_write=False)])
+    loaded_model = make_model()
+    loaded = run("loaded", loaded_model, 3, [LoadAtEpochEnd(path + ".140", epoch=1)])
+    shutil.copy(path + ".140", tmp_path / "r.ckpt")
+    resumed_model = make_model()
+    resumed = run("resumed", resumed_model, 2, [kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"), frequency="100ep")])
+    assert resumed[0] == whole[0]  # (an exact resume)
+    assert loaded[0] == whole[0] + resumed[0][1:]
+    assert resumed[1] == whole[1][-2:]  # the minibatches 3-4 of the second epoch, and its end
+    assert loaded[1] == whole[1] + resumed[1]
+    assert_same_weights(loaded_model, resumed_model)

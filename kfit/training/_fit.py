@@ -422,7 +422,6 @@ class _RunControl(keras.callbacks.Callback):
     def __init__(self, fit: _StreamFit):
         super().__init__()
         self.fit = fit
-        self._restored_values: list = []  # (variable, value) put back when the epoch a run resumed in begins
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         fit = self.fit
@@ -464,8 +463,8 @@ class _RunControl(keras.callbacks.Callback):
             # again (Keras's LearningRateScheduler would step the restored rate a second time). The restored
             # metric state and the optimizer's scalars (its rate, kfit's hyperparameters) are put back then.
             scalars = [v for v in getattr(model.optimizer, "variables", []) if len(v.shape) == 0]
-            self._restored_values = [(v, keras.ops.convert_to_numpy(v.value))
-                                     for v in [*model.metrics_variables, *scalars]]
+            fit.run.restored_values = [(v, keras.ops.convert_to_numpy(v.value))
+                                       for v in [*model.metrics_variables, *scalars]]
 
     def _resume_source(self, fit: _StreamFit) -> bool:
         """Positions a source for the restored clock (by skipping ahead); True when that is mid-epoch."""
@@ -527,9 +526,9 @@ class _RunControl(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         # (after the on_epoch_begin of every callback of the default order)
-        for variable, value in self._restored_values:
+        for variable, value in self.fit.run.restored_values:
             variable.assign(value)
-        self._restored_values = []
+        self.fit.run.restored_values = []
         self.fit.run.resumed_mid_epoch = False
 
 
