@@ -240,3 +240,31 @@ def test_the_metrics_of_a_checkpoint_written_inside_an_epoch_go_on_after_a_load_
     assert resumed[1] == whole[1][-2:]  # the minibatches 3-4 of the second epoch, and its end
     assert loaded[1] == whole[1] + resumed[1]
     assert_same_weights(loaded_model, resumed_model)
+
+
+@pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])
+def test_the_tensorboard_writer_shows_a_load_in_the_middle_of_a_run_as_a_resume_of_the_file(tmp_path, loop):
+    """The checkpoint of sample 100 (the end of epoch 1) loaded at the end of the second epoch, by a callback before
+    the writer: the second epoch's points went to the restored reading, 100, beside the first epoch's, with a
+    samples_per_second of 0 (counted from the restored clock), and the epoch trained again after the load wrote its
+    points at 140, 180 and 200 a second time. TensorBoard now shows what it shows for a resume of the same file."""
+    from test_tensorboard import read_scalars
+
+    path = str(tmp_path / "c.ckpt")
+
+    def shown(log_dir, model, epochs, callbacks):
+        train(loop, model, epochs, [*callbacks, kfit.callbacks.TensorBoardProgressWriter(log_dir, freq=2)])
+        scalars = read_scalars(log_dir)
+        speeds = scalars.pop("samples_per_second")
+        assert all(speed > 0 for _, speed in speeds), speeds
+        return {**scalars, "samples_per_second": [step for step, _ in speeds]}  # (without the timing)
+
+    whole = shown(tmp_path / "whole", make_model(), 2, [kfit.callbacks.Checkpoint(path, preserve_all=True,
+                                                                                   async_write=False)])
+    loaded = shown(tmp_path / "loaded", make_model(), 3, [LoadAtEpochEnd(path + ".100", epoch=1)])
+    shutil.copytree(tmp_path / "whole", tmp_path / "resumed")  # (the resume adds its file to the stopped run's)
+    shutil.copy(path + ".100", tmp_path / "r.ckpt")
+    resumed = shown(tmp_path / "resumed", make_model(), 2, [kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"),
+                                                                                       frequency="100ep")])
+    assert [step for step, _ in loaded["loss"]] == whole["samples_per_second"] == [100, 200]
+    assert loaded == resumed

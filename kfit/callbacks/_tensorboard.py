@@ -164,7 +164,8 @@ class TensorBoardProgressWriter(KfitCallback):
     Each run writes a new event file in ``log_dir`` that starts with a restart mark at the clock's value,
     so a resumed run replaces the points that it trains again, and those written at the restored reading after its
     checkpoint was taken (the partial epoch of a run stopped inside one); the points of that reading written before,
-    which the checkpoint holds, are written again after the mark. Needs neither TensorFlow nor TensorBoard
+    which the checkpoint holds, are written again after the mark; after :func:`kfit.load_checkpoint` from a callback, the
+    run's next points follow such a mark too, as a resume of that file's do. Needs neither TensorFlow nor TensorBoard
     to write; view with ``tensorboard --logdir LOG_DIR``. Only the chief worker writes.
 
     The first argument is ``log_dir``, as in ``keras.callbacks.TensorBoard``. CNTK's positional order
@@ -358,6 +359,17 @@ class TensorBoardProgressWriter(KfitCallback):
                 self.flush()
             except OSError as error:
                 print(f"kfit: {error}", file=sys.stderr, flush=True)
+
+    def _clock_restored(self, samples: int, minibatches: int) -> None:
+        """``kfit.load_checkpoint`` from a callback of the run moved the clock from ``samples`` and ``minibatches``: the
+        epoch in progress is counted as trained (its baselines move with the clock), and the points go on as a resume
+        of the same file writes them: after a restart mark at the restored reading."""
+        clock = self.clock
+        moved = clock.samples - samples
+        self._epoch_samples += moved
+        self._intervals.epoch_start_samples += moved
+        self._intervals.epoch_start_minibatches += clock.minibatches - minibatches
+        self._started = False
 
     def _close(self) -> None:
         if self._writer is not None:
