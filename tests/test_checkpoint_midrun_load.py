@@ -268,3 +268,13 @@ def test_the_tensorboard_writer_shows_a_load_in_the_middle_of_a_run_as_a_resume_
                                                                                        frequency="100ep")])
     assert [step for step, _ in loaded["loss"]] == whole["samples_per_second"] == [100, 200]
     assert loaded == resumed
+
+
+def test_the_epoch_summaries_count_the_epoch_a_load_ends_as_trained(tmp_path):
+    """kfit.fit's History.epoch_summaries: the epoch at whose end a callback loaded the checkpoint of sample 100 was
+    summed from the restored clock (0 samples, at 0 samples/s)."""
+    path = str(tmp_path / "c.ckpt")
+    train("kfit.fit", make_model(), 1, [kfit.callbacks.Checkpoint(path, async_write=False)])
+    history = train("kfit.fit", make_model(), 3, [LoadAtEpochEnd(path, epoch=1)])
+    assert [s.samples for s in history.epoch_summaries] == [100, 100, 100]
+    assert all(s.samples_per_second > 0 for s in history.epoch_summaries)

@@ -77,6 +77,11 @@ class EpochSummaries(KfitCallback):
         if self.history is not None:
             self.history.epoch_summaries = self.summaries
 
+    def _clock_restored(self, samples: int, minibatches: int) -> None:
+        """``kfit.load_checkpoint`` from a callback of the run moved the clock from ``samples``: the epoch in progress
+        is summed as trained."""
+        self._start_samples += self.clock.samples - samples
+
     def get_state(self) -> dict[str, Any]:
         return {"summaries": [s.as_dict() for s in self.summaries]}
 
