@@ -278,3 +278,32 @@ def test_the_epoch_summaries_count_the_epoch_a_load_ends_as_trained(tmp_path):
     history = train("kfit.fit", make_model(), 3, [LoadAtEpochEnd(path, epoch=1)])
     assert [s.samples for s in history.epoch_summaries] == [100, 100, 100]
     assert all(s.samples_per_second > 0 for s in history.epoch_summaries)
+
+
+def test_a_load_inside_an_epoch_of_model_fit_leaves_the_files_metric_state_out_of_the_epochs_means(tmp_path):
+    """Plain model.fit goes on with its own epoch after a load from a batch hook: the file's metric state (of the epoch
+    the file was written in) was restored into Keras's running means, so the epoch's History entry and the printer's
+    interval means mixed it in. The same file with another metric state now trains to the same means."""
+    path = str(tmp_path / "c.ckpt")
+    model = make_model()
+    train("model.fit", model, 1, [kfit.callbacks.Checkpoint(path, async_write=False)])
+    for variable in model.metrics_variables:  # the same state but for the metrics
+        variable.assign(keras.ops.ones_like(variable.value) * 50)
+    kfit.save_checkpoint(str(tmp_path / "other.ckpt"), model, clock=kfit.get_clock(model))
+
+    class LoadAtBatchEnd(keras.callbacks.Callback):
+        def __init__(self, path):
+            super().__init__()
+            self.path = path
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1 and self.path:
+                kfit.load_checkpoint(self.path, self.model)
+                self.path = None
+
+    def trained(file):
+        log = tmp_path / f"{os.path.basename(file)}.log"
+        history = train("model.fit", make_model(), 1, [LoadAtBatchEnd(file), kfit.callbacks.ProgressPrinter(freq=2, log_to_file=log)])
+        return history.history["loss"][-1], [line for line in log.read_text().splitlines() if line.startswith("Minibatch[")]
+
+    assert trained(path) == trained(str(tmp_path / "other.ckpt"))

@@ -237,6 +237,9 @@ def load_checkpoint(
             default: a library call leaves the process's random state alone; the ``Checkpoint`` callback restores
             them, as an exact resume needs).
 
+    From a callback of a plain ``model.fit`` run, the training metrics are left as they are: Keras's epoch goes on
+    with the means of its own steps (as a resume, which restarts the epoch, leaves them out).
+
     A run that had ended (complete, or stopped by a callback) is restored as ``model.fit`` left the model: with an
     optimizer that keeps moving averages (``use_ema=True``), they are swapped into the model's weights, as
     ``model.fit`` does at its end (the checkpoint keeps the trained weights, from which a continued run goes on).
@@ -262,9 +265,10 @@ def load_checkpoint(
     path = os.fspath(path)
     parts = _state.training_parts(model, clock, stream, callbacks, history)
     meta, arrays = _format.read_file(path)
-    restore = _state.plan_restore(parts, meta, arrays, path)
     run = current_run(model)
     into_run = run is not None and run.clock is not None and parts.clock is run.clock  # (from a callback of the run)
+    # (plain model.fit goes on with its own epoch: the file's metric state, of another, would mix into its means)
+    restore = _state.plan_restore(parts, meta, arrays, path, metrics=not into_run or run.kfit_fit)
     if into_run and getattr(run.driver, "ran", False):
         run.flush()  # a step that has run, not counted yet (model.fit: at the next kfit hook), on the clock it ran on
     if into_run and getattr(run.driver, "inside_epoch", lambda clock: False)(run.clock):
