@@ -1,6 +1,7 @@
 """LearningRateSchedule, MomentumSchedule and SampleClock: the values at every step, in kfit.fit and model.fit."""
 
 import math
+import warnings
 
 import keras
 import numpy as np
@@ -753,3 +754,38 @@ def test_the_value_at_every_step_whatever_how_far_a_schedule_value_holds(kind):
             expected = lr.for_minibatch(samples, minibatches, size)
         assert row["learning_rate"] == pytest.approx(expected, rel=1e-6), (samples, minibatches)
         samples += size
+
+
+@pytest.mark.parametrize("kind", ["learning_rate", "momentum"])
+def test_a_load_into_the_run_of_a_file_without_the_reset_schedules_state_keeps_the_reset(kind, tmp_path):
+    """kfit.load_checkpoint from a callback, of a file that holds other callbacks' states but none for a schedule reset
+    to a Python callable, failed with the schedule's "cannot be saved" TypeError: the check for callbacks the file holds
+    no state for read the schedule's state with get_state(), which refuses such a reset. The load works as for any
+    callback the file lacks: it says so, and the schedule keeps its state (the reset stays in force)."""
+    x, y = regression_data(32)
+    path = tmp_path / "run.ckpt"
+    initial = {"learning_rate": kfit.schedules.learning_rate_per_sample(0.01),
+               "momentum": kfit.schedules.momentum_as_time_constant(0)}[kind]
+    method = {"learning_rate": "reset_learning_rate", "momentum": "reset_momentum"}[kind]
+    kind_of = kfit.callbacks.LearningRateSchedule if kind == "learning_rate" else kfit.callbacks.MomentumSchedule
+    keras.utils.set_random_seed(0)
+    kfit.fit(_sgd_mlp(), x, y, minibatch_size=16, epochs=1, seed=0, verbose=0,
+             callbacks=[kind_of(initial, name="another_schedule"), kfit.callbacks.Checkpoint(path, async_write=False)])
+    schedule = kind_of(initial)
+    values = []
+
+    class ResetThenLoad(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            values.append(float(getattr(self.model.optimizer, kind)))
+            if epoch == 0:
+                getattr(schedule, method)(lambda samples: 0.0005 if kind == "learning_rate" else 64)
+            elif epoch == 1:
+                assert kfit.load_checkpoint(path, self.model).samples == 32
+
+    keras.utils.set_random_seed(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kfit.fit(_sgd_mlp(), x, y, minibatch_size=16, epochs=3, seed=0, verbose=0, callbacks=[schedule, ResetThenLoad()])
+    assert any(f"holds no state for callback '{schedule.name}'" in str(w.message) for w in caught)
+    reset = 0.0005 * 16 if kind == "learning_rate" else math.exp(-16 / 64)  # (per minibatch of 16)
+    assert values[1:] == pytest.approx([reset, reset], rel=1e-6) and values[0] != values[1]  # (the load left it in force)

@@ -818,7 +818,9 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
             if note:
                 restore.notes.append(note)
                 restore.noted.append(callback)
-        elif saved_states and callback.get_state():  # (a file saved without callbacks: no note for each)
+        # (A file saved without callbacks: no note for each. A callback with its own _put_back, a kfit schedule, always
+        # has a state, and its get_state refuses a reset to a Python callable, which a load need not save.)
+        elif saved_states and (callable(getattr(callback, "_put_back", None)) or callback.get_state()):
             restore.notes.append(f"The checkpoint {file!r} holds no state for callback {key!r}: it starts afresh.")
     unused = sorted(set(saved_states) - set(keyed))
     if unused and keyed:  # (not for load_checkpoint(path, model) outside a run: no callbacks asked for)
