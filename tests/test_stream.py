@@ -161,6 +161,48 @@ def test_a_get_waiting_when_the_prefetcher_is_closed_on_another_thread_ends():
     assert reads == [0]
 
 
+def test_close_leaves_a_read_that_does_not_return_behind_and_says_so(monkeypatch):
+    """``close`` waited without bound for the reader thread, so a read stuck in the data's ``__getitem__`` (one that
+    hangs) hung the end of kfit.fit, or its exception path, forever. It waits ``CLOSE_WAIT_S`` now, then leaves the
+    thread, a daemon thread, running, with a warning naming the minibatch and where the read waits; the thread ends
+    once the read returns."""
+    import threading
+    import warnings
+
+    from kfit.data import _prefetch
+
+    monkeypatch.setattr(_prefetch, "CLOSE_WAIT_S", 0.5)
+    waiting, release = threading.Event(), threading.Event()
+
+    class Hangs:
+        def __getitem__(self, index):
+            if index >= 4:
+                waiting.set()
+                release.wait()  # until the end of the test
+            return index
+
+    data = Hangs()
+    prefetcher = Prefetcher(lambda start, size: data[start], iter([(0, 4), (4, 4), (8, 4)]), depth=1)
+    thread = prefetcher._thread
+    try:
+        assert prefetcher.get(0, 4) == 0
+        assert waiting.wait(10)
+        closing = threading.Thread(target=prefetcher.close, daemon=True)  # (without a bound: fails, not hangs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            closing.start()
+            closing.join(5)
+        assert not closing.is_alive(), "close() still waits for the read"
+        (message,) = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+        assert "its read of the minibatch of 4 samples at sample 4 has not returned after 0.5 s" in message
+        assert f"waits in {Hangs.__qualname__}.__getitem__ ({__file__}, line " in message
+        assert thread.is_alive() and thread.daemon  # (a daemon thread does not keep Python from exiting)
+    finally:
+        release.set()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
 class Batches(__import__("keras").utils.PyDataset):
     """A PyDataset of 7 batches of 4 samples and a last one of 2 (30 samples)."""
 
@@ -266,3 +308,4 @@ def test_batch_shuffle_reads_each_minibatch_from_one_range_in_an_order_of_its_ow
     assert resumed.shuffle == "batch" and resumed.read(16, 8)[0].tolist() == minibatches[2]
     with pytest.raises(ValueError, match="shuffle='yes'"):
         SampleStream(np.arange(20), shuffle="yes")
+

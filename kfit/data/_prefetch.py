@@ -8,11 +8,17 @@ not predict (a restore, a seek), the queue is dropped and reading restarts there
 from __future__ import annotations
 
 import queue
+import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 _STOP = object()
+
+#: Seconds :meth:`Prefetcher.close` waits for a read in progress to return before it leaves the reader thread behind:
+#: longer than a slow read takes (a PyDataset's item read from network storage), which must not outlive the run.
+CLOSE_WAIT_S = 10.0
 
 
 class PrefetcherClosed(RuntimeError):
@@ -37,6 +43,7 @@ class Prefetcher:
         self._depth = depth
         self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
         self._stop = threading.Event()
+        self._reading: tuple[int, int] | None = None  # the (start, size) read last (in progress, if it hangs)
         self._thread: threading.Thread | None = None
         if depth > 0:
             self._thread = threading.Thread(target=self._run, name="kfit-prefetch", daemon=True)
@@ -47,6 +54,7 @@ class Prefetcher:
             for start, size in self._plan:
                 if self._stop.is_set():
                     return
+                self._reading = (start, size)
                 item = (start, size, self._read(start, size))
                 while not self._stop.is_set():
                     try:
@@ -104,7 +112,10 @@ class Prefetcher:
         """Stops the reader thread, once a read in progress has ended, and drops what it read ahead.
 
         A read left running would go on beside the next epoch's reads (in the dataset's code and the stream's state),
-        and after ``fit`` returns."""
+        and after ``fit`` returns. A read that has not returned after :data:`CLOSE_WAIT_S` seconds (a dataset's
+        ``__getitem__`` that hangs) is left running all the same, with a warning that names the minibatch and where
+        the read waits: the thread is a daemon thread (it does not keep Python from exiting) and ends, dropping
+        what it read, if the read returns."""
         self._stop.set()
         if self._thread is not None:
             while True:
@@ -113,5 +124,23 @@ class Prefetcher:
                 except queue.Empty:
                     break
             if self._thread is not threading.current_thread():
-                self._thread.join()
+                self._thread.join(CLOSE_WAIT_S)
+                if self._thread.is_alive():
+                    self._warn_left_behind()
             self._thread = None
+
+    def _warn_left_behind(self) -> None:
+        start, size = self._reading or (None, None)
+        frame = sys._current_frames().get(self._thread.ident)
+        # Where the read waits: the innermost frame outside Python's standard library (threading's waits, say).
+        while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in sys.stdlib_module_names:
+            frame = frame.f_back
+        where = "" if frame is None else (
+            f" It waits in {getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)} "
+            f"({frame.f_code.co_filename}, line {frame.f_lineno}).")
+        warnings.warn(
+            f"Closing kfit's reader of the training data: its read of the minibatch of {size} samples at sample {start} "
+            f"has not returned after {CLOSE_WAIT_S:g} s.{where} The reader thread is left behind with it (a daemon "
+            "thread: it does not keep Python from exiting; it ends, dropping what it read, if the read returns). If the "
+            "read hangs, fix the data's __getitem__ (a PyDataset's, an array-like's); if reads can take this long, "
+            "they may overlap the next ones.", stacklevel=3)
