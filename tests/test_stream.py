@@ -309,3 +309,49 @@ def test_batch_shuffle_reads_each_minibatch_from_one_range_in_an_order_of_its_ow
     with pytest.raises(ValueError, match="shuffle='yes'"):
         SampleStream(np.arange(20), shuffle="yes")
 
+
+@pytest.mark.timeout(120)
+def test_kfit_fit_ends_when_a_read_ahead_in_a_pydataset_does_not_return(monkeypatch):
+    """The end of kfit.fit waited forever for a read ahead stuck in a PyDataset's ``__getitem__``: the reader's close
+    joined its thread without a bound, and the stream's close waited for the lock the read held. A run stopped by a
+    callback while the read waits returns within ``CLOSE_WAIT_S``, and warns where the read waits."""
+    import threading
+    import warnings
+
+    import keras
+    from helpers import mlp
+
+    import kfit
+    from kfit.data import _prefetch
+
+    monkeypatch.setattr(_prefetch, "CLOSE_WAIT_S", 0.5)
+    waiting, release, ahead = threading.Event(), threading.Event(), []
+
+    class HangsAhead(Batches):
+        def __getitem__(self, i):
+            if threading.current_thread().name == "kfit-prefetch":
+                ahead.append(i)
+                if len(ahead) > 4:  # the third minibatch's first item, never trained: the run stops after two steps
+                    waiting.set()
+                    release.wait()  # until the end of the test
+            return super().__getitem__(i)
+
+    class StopWhileTheReadWaits(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:
+                assert waiting.wait(10)
+                self.model.stop_training = True
+
+    model = mlp(features=1)
+    model.compile(optimizer="sgd", loss="mse")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            kfit.fit(model, HangsAhead(), minibatch_size=8, epochs=2, shuffle=False, seed=0, prefetch=2, verbose=0,
+                     callbacks=[StopWhileTheReadWaits()])
+        assert kfit.get_clock(model).samples == 16
+        said = [str(w.message) for w in caught if "Closing kfit's reader" in str(w.message)]
+        assert len(said) == 1 and "the minibatch of 8 samples at sample 16 has not returned" in said[0], said
+        assert f"waits in {HangsAhead.__qualname__}.__getitem__" in said[0]
+    finally:
+        release.set()

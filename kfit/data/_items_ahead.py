@@ -109,13 +109,16 @@ class ItemsAhead:
     def get(self, sweep: int, index: int) -> Any:
         """``dataset[index]``, read while sweep ``sweep`` is told: fetched ahead if expected, else read now."""
         with self._lock:
-            if self._keys is None:
-                return self._dataset[index]
-            self._fill(sweep)
-            if not self._pending or self._pending[0][0] != (sweep, index):
-                self.close()  # a read the epoch's plan did not foresee: the rest of it is read as asked
-                return self._dataset[index]
-            pool, result, processes = self._pool, self._pending.popleft()[1], self._pool_processes
+            ahead = self._keys is not None
+            if ahead:
+                self._fill(sweep)
+                ahead = bool(self._pending) and self._pending[0][0] == (sweep, index)
+                if not ahead:
+                    self.close()  # a read the epoch's plan did not foresee: the rest of it is read as asked
+                else:
+                    pool, result, processes = self._pool, self._pending.popleft()[1], self._pool_processes
+        if not ahead:  # (outside the lock: a read that hangs must not hold up close(), on the trainer's thread)
+            return self._dataset[index]
         while not result.ready():
             if self._closed(pool, processes):  # closed meanwhile (by the trainer's thread): its result never comes
                 return self._dataset[index]
