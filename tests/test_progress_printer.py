@@ -482,3 +482,64 @@ def test_the_rate_of_reduce_lr_on_plateau_without_a_schedule_is_printed_from_the
         "Learning rate per minibatch: 0.0125",  # the resumed run's
         "Learning rate per minibatch: 0.00625", "Finished Epoch[4]",
     ], lines
+
+
+@pytest.mark.parametrize("stop_at, first_line", [(128, "Minibatch[   3-   4]: "), (144, "Minibatch[   4-   4]: ")])
+def test_a_run_resumed_mid_epoch_from_a_checkpoint_without_printer_state_continues_the_epochs_lines(
+        tmp_path, stop_at, first_line):
+    """kfit.fit resumed inside an epoch from a file a run without a ProgressPrinter wrote: the printer took its
+    baseline from the metrics Keras had just reset (the resumed epoch's running means put back later) and numbered
+    the epoch's minibatches from the resume ('Minibatch[1-2]: loss = 2.772845' for the uninterrupted run's
+    'Minibatch[3-4]: loss = 1.312143')."""
+    x, y = data()
+    weights = classifier().get_weights()
+    checkpoint = str(tmp_path / "run.ckpt")
+
+    def run(name, callbacks, **kwargs):
+        model = classifier()
+        model.set_weights(weights)
+        log = tmp_path / f"{name}.log"
+        kfit.fit(model, x, y, minibatch_size=16, epochs=2, seed=0, verbose=0, callbacks=callbacks, **kwargs)
+        return [re.sub(r" \d+\.\d{3}s \(.*\);$", "", line)  # (the timing left out)
+                for line in lines_of(log) if MINIBATCH.match(line) or EPOCH.match(line)] if log.exists() else []
+
+    whole = run("whole", [ProgressPrinter(freq=2, log_to_file=tmp_path / "whole.log")])
+    # Stopped inside epoch 2 (6 minibatches of 16), after its minibatch 2 (the end of an interval) or 3 (inside one).
+    run("before", [kfit.callbacks.Checkpoint(checkpoint, frequency=16, async_write=False)], max_samples=stop_at)
+    with pytest.warns(UserWarning, match="holds no state for callback 'progress_printer'"):
+        after = run("after", [kfit.callbacks.Checkpoint(checkpoint, frequency=16, restore=True, async_write=False),
+                              ProgressPrinter(freq=2, log_to_file=tmp_path / "after.log")])
+    assert after[0].startswith(first_line), after
+    if stop_at == 128:
+        assert after == whole[-3:]  # [3-4], [5-6], Finished Epoch[2]
+    else:  # the interval in progress began before the resume: its line covers minibatch 4, then as uninterrupted
+        assert " * 16, " in after[0] and after[1:] == whole[-2:]
+
+
+def test_tensorboard_minibatch_points_resumed_mid_epoch_without_writer_state_equal_the_uninterrupted_runs(tmp_path):
+    """TensorBoardProgressWriter follows the epoch's intervals as the ProgressPrinter does (the same defect before)."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    x, y = data()
+    weights = classifier().get_weights()
+    checkpoint = str(tmp_path / "run.ckpt")
+
+    def run(name, callbacks, **kwargs):
+        model = classifier()
+        model.set_weights(weights)
+        kfit.fit(model, x, y, minibatch_size=16, epochs=2, seed=0, verbose=0, callbacks=callbacks, **kwargs)
+        if not (tmp_path / name).exists():
+            return None
+        accumulator = EventAccumulator(str(tmp_path / name))
+        accumulator.Reload()
+        return {tag: [(e.step, pytest.approx(e.value, rel=1e-5)) for e in accumulator.Scalars(tag)]
+                for tag in ("minibatch/loss", "minibatch/accuracy", "loss", "accuracy")}
+
+    whole = run("whole", [kfit.callbacks.TensorBoardProgressWriter(tmp_path / "whole", freq=2)])
+    run("before", [kfit.callbacks.Checkpoint(checkpoint, frequency=16, async_write=False)], max_samples=128)
+    with pytest.warns(UserWarning, match="holds no state for callback 'tensorboard_progress_writer'"):
+        after = run("after", [kfit.callbacks.Checkpoint(checkpoint, frequency=16, restore=True, async_write=False),
+                              kfit.callbacks.TensorBoardProgressWriter(tmp_path / "after", freq=2)])
+    assert after == {tag: [(step, value) for step, value in points if step > 128] for tag, points in whole.items()}
+    assert [step for step, _ in after["minibatch/loss"]] == [160, 192]

@@ -264,7 +264,7 @@ class ProgressPrinter(KfitCallback):
         if self._renumber and (clock.epoch_size or clock.epoch_start is not None):
             self._epoch_offset = clock.epoch - epoch  # (a resume of the file loaded starts Keras's count there)
         self._renumber = False
-        self._intervals.begin_epoch(clock, self.training_model)
+        self._intervals.begin_epoch(clock, self.training_run)
         self._epoch_time = time.perf_counter()
         self._epoch_samples = clock.samples
 

@@ -99,7 +99,7 @@ class IntervalMeans:
         self.last_means: dict[str, float] = {}
         self._restored: dict[str, Any] | None = None
 
-    def begin_epoch(self, clock: Clock, model: Any = None) -> None:
+    def begin_epoch(self, clock: Clock, run: Any = None) -> None:
         """Starts an epoch at the clock's reading (a resumed run may start in the middle of one)."""
         done = samples_in_epoch(clock)
         start = clock.samples - done
@@ -107,14 +107,14 @@ class IntervalMeans:
         if done and restored is not None and restored.get("epoch_start_samples") == start:
             self._load(restored)
             return
+        # Resumed mid-epoch without our state: the restored metric state is the baseline, and the epoch's minibatches
+        # that ran before the resume (kfit.fit's batch_offset) are counted. Keras has just reset the metrics: kfit.fit
+        # puts the restored state back after every on_epoch_begin, and holds it until then (run.restored_values).
+        self.last_means = _current_means(run.model, run.restored_values) if done and run is not None else {}
+        self.last_minibatch = run.batch_offset if self.last_means else 0
         self.epoch_start_samples = start
-        self.epoch_start_minibatches = clock.minibatches
-        self.last_minibatch = 0
-        self.last_samples = done
-        # Resumed mid-epoch without our state: the restored metric state is the baseline.
-        self.last_means = _current_means(model) if done and model is not None else {}
-        if not self.last_means:
-            self.last_samples = 0  # no baseline: the first interval reports the running mean itself
+        self.epoch_start_minibatches = clock.minibatches - self.last_minibatch
+        self.last_samples = done if self.last_means else 0  # no baseline: the first interval reports the running mean
 
     def index(self, clock: Clock) -> int:
         """The 1-based index, within the epoch, of the minibatch the clock has just counted."""
@@ -177,9 +177,11 @@ class IntervalMeans:
         self.last_means = {k: float(v) for k, v in state.get("last_means", {}).items()}
 
 
-def _current_means(model: Any) -> dict[str, float]:
+def _current_means(model: Any, values: list) -> dict[str, float]:
+    """The model's metric results, with ``values`` (``(variable, value)`` pairs) read in place of those variables."""
     try:
-        results = model.get_metrics_result()
+        with keras.StatelessScope(state_mapping=values):
+            results = model.get_metrics_result()
     except Exception:  # noqa: BLE001 - a baseline is a nicety; without one the interval starts at 0
         return {}
     return {k: v for k, v in ((k, to_float(v)) for k, v in results.items()) if v is not None}

@@ -283,7 +283,7 @@ class TensorBoardProgressWriter(KfitCallback):
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         clock = self.clock
         self._mark_start(clock)
-        self._intervals.begin_epoch(clock, self.training_model)
+        self._intervals.begin_epoch(clock, self.training_run)
         self._epoch_time = time.perf_counter()
         self._epoch_samples = clock.samples
 

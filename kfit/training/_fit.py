@@ -458,6 +458,8 @@ class _RunControl(keras.callbacks.Callback):
             mid_epoch = fit.run.resumed_mid_epoch
             # (the restored random state holds the draw of the pass the interrupted run opened for this epoch)
             fit.adapter.skip_pass_draw = mid_epoch
+            if mid_epoch:  # (known before the epoch's on_epoch_begin, as for a source: a ProgressPrinter reads it)
+                fit.count_steps_run_in_epoch()
         if mid_epoch:
             # model.fit begins the resumed epoch anew: it resets the metrics, and the callbacks' on_epoch_begin run
             # again (Keras's LearningRateScheduler would step the restored rate a second time). The restored
@@ -799,9 +801,7 @@ class _StreamFit:
             for _, size in plan:
                 _stream.check_global_minibatch(size, self.stream.num_workers, pads_empty_shares=False)
         end = min(clock.epoch_end(), self.stop_at)
-        if clock.samples_in_epoch:  # the epoch a run resumes in: its first steps ran before this call
-            first = _plan.minibatches_before(clock.samples - clock.samples_in_epoch, self.size_at, self.epoch_size)
-            self.run.batch_offset = max(clock.minibatches - first, 0)
+        self.count_steps_run_in_epoch()
         if self.progbar is not None:
             self.progbar.plan_epoch([size for _, size in plan], done=self.run.batch_offset)
         self.epoch_step_rows = self.step_rows(plan, clock.minibatches)
@@ -814,6 +814,13 @@ class _StreamFit:
             following = clock.minibatches + len(plan)  # the next epoch's first minibatch
             ahead.request(self.step_rows(self.plan_at(end, following), following))
         return plan
+
+    def count_steps_run_in_epoch(self) -> None:
+        """Sets ``run.batch_offset`` in the epoch a run resumes in: its first steps ran before this call."""
+        clock = self.clock
+        if clock.samples_in_epoch:
+            first = _plan.minibatches_before(clock.samples - clock.samples_in_epoch, self.size_at, self.epoch_size)
+            self.run.batch_offset = max(clock.minibatches - first, 0)
 
     def step_rows(self, plan: list, minibatches: int) -> list[int]:
         """The rows the step is handed for each minibatch of ``plan`` (drawn from the clock's ``minibatches`` on):
