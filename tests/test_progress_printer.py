@@ -518,7 +518,6 @@ def test_a_run_resumed_mid_epoch_from_a_checkpoint_without_printer_state_continu
 
 def test_tensorboard_minibatch_points_resumed_mid_epoch_without_writer_state_equal_the_uninterrupted_runs(tmp_path):
     """TensorBoardProgressWriter follows the epoch's intervals as the ProgressPrinter does (the same defect before)."""
-    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     x, y = data()
