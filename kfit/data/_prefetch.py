@@ -117,21 +117,22 @@ class Prefetcher:
         the read waits: the thread is a daemon thread (it does not keep Python from exiting) and ends, dropping
         what it read, if the read returns."""
         self._stop.set()
-        if self._thread is not None:
+        thread = self._thread  # (a close on another thread may set it to None while this one waits)
+        if thread is not None:
             while True:
                 try:
                     self._queue.get_nowait()
                 except queue.Empty:
                     break
-            if self._thread is not threading.current_thread():
-                self._thread.join(CLOSE_WAIT_S)
-                if self._thread.is_alive():
-                    self._warn_left_behind()
+            if thread is not threading.current_thread():
+                thread.join(CLOSE_WAIT_S)
+                if thread.is_alive():
+                    self._warn_left_behind(thread)
             self._thread = None
 
-    def _warn_left_behind(self) -> None:
+    def _warn_left_behind(self, thread: threading.Thread) -> None:
         start, size = self._reading or (None, None)
-        frame = sys._current_frames().get(self._thread.ident)
+        frame = sys._current_frames().get(thread.ident)
         # Where the read waits: the innermost frame outside Python's standard library (threading's waits, say).
         while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in sys.stdlib_module_names:
             frame = frame.f_back
