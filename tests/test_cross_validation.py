@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
 import sys
 
@@ -413,7 +414,8 @@ def test_data_of_the_wrong_shape_is_refused_before_training(make):
 
 
 def test_evaluation_data_follows_model_evaluate_rules_and_takes_sources():
-    """Anything model.evaluate takes: (N,) arrays for an Input((1,)), tf.data, a generator; the same numbers.
+    """Anything model.evaluate takes: (N,) arrays for an Input((1,)), tf.data, a Grain dataset (where Keras reads
+    one: 3.11 and later), a generator; the same numbers.
 
     (A fresh model per kind: on TensorFlow one model evaluated on inputs of two ranks retraces to an unknown
     rank, under plain model.evaluate too.)"""
@@ -431,6 +433,10 @@ def test_evaluation_data_follows_model_evaluate_rules_and_takes_sources():
         "arrays": lambda: (x, y),
         "tf.data": lambda: tf.data.Dataset.from_tensor_slices((x[:, None], y)).batch(8),
     }
+    if importlib.util.find_spec("keras.src.trainers.data_adapters.grain_dataset_adapter") is not None:
+        import grain
+
+        sources["grain"] = lambda: grain.MapDataset.source(list(zip(x[:, None], y))).batch(8)
     for kind, make in sources.items():
         data = make()
         expected = (model().evaluate(*data, batch_size=8, verbose=0, return_dict=True) if kind == "arrays"

@@ -30,11 +30,11 @@ def _describe(leaf: Any) -> str:
 
 
 def _is_source(data: Any) -> bool:
-    """A source that batches by itself: tf.data, a PyDataset, a torch DataLoader, a generator."""
+    """A source that batches by itself: tf.data, a PyDataset, a torch DataLoader, a Grain dataset, a generator."""
     if isinstance(data, keras.utils.PyDataset) or hasattr(data, "__next__"):
         return True
     module = type(data).__module__
-    return module.startswith(("tensorflow", "torch.utils.data"))
+    return module.startswith(("tensorflow", "torch.utils.data", "grain."))
 
 
 class EvaluationData:
@@ -43,7 +43,7 @@ class EvaluationData:
     Arrays ``(x, y)`` or ``(x, y, sample_weight)`` (NumPy arrays, h5py datasets, dicts/lists of them for
     several inputs; ``y`` may be None) are read minibatch by minibatch, so an h5py dataset is never read
     whole. A source that batches by itself (``tf.data``, a ``keras.utils.PyDataset``, a torch
-    ``DataLoader``, and, for an evaluation that runs once, a generator) is evaluated as it batches.
+    ``DataLoader``, a Grain dataset, and, for an evaluation that runs once, a generator) is evaluated as it batches.
     ``model.evaluate`` applies Keras's own rules to the inputs (dict keys, shapes).
 
     Raises:
@@ -59,7 +59,7 @@ class EvaluationData:
                 raise TypeError(
                     f"Invalid value for argument `{argument}` of {owner}: a generator can be evaluated only once, "
                     f"and {owner} evaluates its data many times. Give arrays, a tf.data.Dataset, a "
-                    "keras.utils.PyDataset or a torch DataLoader."
+                    "keras.utils.PyDataset, a torch DataLoader or a Grain dataset."
                 )
             self.source, self.x, self.y, self.sample_weight = data, None, None, None
             self.num_samples = None
@@ -68,7 +68,7 @@ class EvaluationData:
             raise TypeError(
                 f"Invalid value for argument `{argument}` of {owner}: expected a tuple (x, y) or (x, y, sample_weight) "
                 "of arrays (NumPy arrays, h5py datasets, or dicts/lists of them for several inputs), or a source "
-                "that batches itself (tf.data.Dataset, keras.utils.PyDataset, torch DataLoader). "
+                "that batches itself (tf.data.Dataset, keras.utils.PyDataset, torch DataLoader, Grain dataset). "
                 f"Received: {argument}={_describe(data)}"
             )
         parts = [to_host(part) for part in data] + [None] * (3 - len(data))
@@ -238,7 +238,7 @@ class _SourceBatches(_Share):
         inner = _backend.keras_data_adapter(self.source, None, None, None, None, False, None)
         inner.on_epoch_begin()
         batches, sizes = [], []
-        for batch in inner.get_numpy_iterator():
+        for batch in _backend.numpy_batches(inner):
             if self.max_samples is not None and self.num_samples >= self.max_samples:
                 break
             sizes.append(batch_size_of(batch))
