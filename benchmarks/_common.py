@@ -7,6 +7,16 @@ import subprocess
 import sys
 
 BACKENDS = ("tensorflow", "jax", "torch")
+# One thread per worker of a ``horovodrun`` job (``scaling.py``, ``horovod_presence.py``), set in its environment.
+WORKER_THREADS = {
+    "OMP_NUM_THREADS": "1",
+    "TF_NUM_INTRAOP_THREADS": "1",
+    "TF_NUM_INTEROP_THREADS": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+}
+# The prefix of the line on which a ``horovodrun`` worker prints its results as JSON.
+RESULT = "KFIT_BENCHMARK_RESULT "
 
 
 def pinned_env(backend: str, threads: int = 1) -> dict:
@@ -66,3 +76,11 @@ def small_mlp_task(samples: int) -> tuple:
         return model
 
     return x, y, make_model
+
+
+def middle_half(values: list[float]) -> tuple[float, float]:
+    """The first and third quartiles of ``values``: the middle half of a benchmark's per-round ratios."""
+    import statistics
+
+    quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+    return quartiles[0], quartiles[2]

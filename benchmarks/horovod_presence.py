@@ -37,21 +37,15 @@ import sys
 import time
 import warnings
 
-THREADS = {
-    "OMP_NUM_THREADS": "1",
-    "TF_NUM_INTRAOP_THREADS": "1",
-    "TF_NUM_INTEROP_THREADS": "1",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
-    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
-}
-BACKENDS = ("tensorflow", "jax", "torch")
-RESULT = "KFIT_BENCHMARK_RESULT "
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import BACKENDS, RESULT, WORKER_THREADS, middle_half  # noqa: E402
+
 MODELS = {"small": (32, 64, 64, 10), "large": (784, 1024, 1024, 10)}  # Dense widths: kernels and biases
 
 
 # -- the worker ------------------------------------------------------------------------------------------
 def worker(args: argparse.Namespace) -> None:
-    for key, value in THREADS.items():
+    for key, value in WORKER_THREADS.items():
         os.environ.setdefault(key, value)
     import keras
     import numpy as np
@@ -133,10 +127,6 @@ def routes(engine, host: list, model: str) -> tuple:
 
 
 # -- the driver ------------------------------------------------------------------------------------------
-def _middle_half(values: list[float]) -> tuple[float, float]:
-    quartiles = statistics.quantiles(values, n=4)
-    return quartiles[0], quartiles[2]
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -151,13 +141,13 @@ def main() -> int:
     command = [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, os.path.abspath(__file__),
                "--worker", "--repeats", str(args.repeats)]
     print("Command (with KERAS_BACKEND=<backend> and " + " ".join(f"{k}={v!r}" if " " in v else f"{k}={v}"
-                                                                  for k, v in THREADS.items()) + "):")
+                                                                  for k, v in WORKER_THREADS.items()) + "):")
     print("  " + " ".join(command))
     print(f"\n{'backend':>10} {'model':>6} {'MB':>5} {'calls':>6} {'kfit ms':>8} {'bare ms':>8} {'kfit/bare':>10} "
           f"{'pairs':>6} {'middle half':>12}")
     status = 0
     for backend in args.backends.split(","):
-        done = subprocess.run(command, env=dict(os.environ, KERAS_BACKEND=backend, **THREADS), capture_output=True,
+        done = subprocess.run(command, env=dict(os.environ, KERAS_BACKEND=backend, **WORKER_THREADS), capture_output=True,
                               text=True)
         lines = [line for line in done.stdout.splitlines() if RESULT in line]
         if done.returncode or not lines:
@@ -167,7 +157,7 @@ def main() -> int:
         for model, result in json.loads(lines[-1].split(RESULT, 1)[1]).items():
             kfit, bare = result["times"]["kfit"], result["times"]["bare"]
             pairs = [a / b for a, b in zip(kfit, bare)]
-            low, high = _middle_half(pairs)
+            low, high = middle_half(pairs)
             print(f"{backend:>10} {model:>6} {result['megabytes']:>5.2f} {len(kfit):>6} {statistics.median(kfit):>8.3f} "
                   f"{statistics.median(bare):>8.3f} {statistics.median(kfit) / statistics.median(bare):>10.3f} "
                   f"{statistics.median(pairs):>6.3f} {f'{low:.3f}-{high:.3f}':>12}", flush=True)

@@ -39,7 +39,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import BACKENDS, run_per_backend, small_mlp_task  # noqa: E402
+from _common import BACKENDS, middle_half, run_per_backend, small_mlp_task  # noqa: E402
 
 TARGET = 0.98
 
@@ -97,7 +97,7 @@ def measure(backend: str, repeats: int, samples: int, epochs: int) -> None:
         for name in names[1:]:
             epoch_pairs = [a[0] / b[0] for a, b in zip(reference, parts[name])]
             rows.append((name, batch, statistics.median(p[0] for p in reference), statistics.median(epoch_pairs),
-                         _middle_half(epoch_pairs),
+                         middle_half(epoch_pairs),
                          [statistics.median(p[1] for p in side) * 1e3 for side in (reference, parts[name])]))
 
     print(f"\nrelative to plain model.fit (A / B), {repeats} rounds of one {epochs}-epoch fit call per side "
@@ -112,10 +112,6 @@ def measure(backend: str, repeats: int, samples: int, epochs: int) -> None:
         f"{'a' if n.startswith('(a)') else 'b'}{b}={r:.3f}[{lo:.3f}-{hi:.3f}] call+{c[0]:.0f}/{c[1]:.0f}ms"
         for n, b, _, r, (lo, hi), c in rows), flush=True)
 
-
-def _middle_half(values: list[float]) -> tuple[float, float]:
-    quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
-    return quartiles[0], quartiles[2]
 
 
 def _parts(epochs: list[list[float]], wall: float) -> tuple[float, float]:

@@ -37,20 +37,13 @@ import subprocess
 import sys
 import time
 
-THREADS = {
-    "OMP_NUM_THREADS": "1",
-    "TF_NUM_INTRAOP_THREADS": "1",
-    "TF_NUM_INTEROP_THREADS": "1",
-    "TF_CPP_MIN_LOG_LEVEL": "2",
-    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
-}
-BACKENDS = ("tensorflow", "jax", "torch")
-RESULT = "KFIT_BENCHMARK_RESULT "
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import BACKENDS, RESULT, WORKER_THREADS  # noqa: E402
 
 
 # -- the worker ------------------------------------------------------------------------------------------
 def worker(args: argparse.Namespace) -> None:
-    for key, value in THREADS.items():
+    for key, value in WORKER_THREADS.items():
         os.environ.setdefault(key, value)
     import keras
     import numpy as np
@@ -172,7 +165,7 @@ def allreduce_costs(model, repeats: int) -> dict:
 # -- the driver ------------------------------------------------------------------------------------------
 def run(command: list, backend: str, copies: int = 1, extra_env: dict | None = None) -> list[dict]:
     """Runs ``copies`` instances of ``command`` at once; returns their results."""
-    env = dict(os.environ, KERAS_BACKEND=backend, **THREADS, **(extra_env or {}))
+    env = dict(os.environ, KERAS_BACKEND=backend, **WORKER_THREADS, **(extra_env or {}))
     processes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for _ in range(copies)]
     results = []
@@ -211,7 +204,7 @@ def main() -> None:
     launchers["native-host"] = launchers["native"]
     engine_env = {"native-host": {"KFIT_JAX_COLLECTIVES": "host"}}
     engines = [e for e in args.engines.split(",") if e in launchers]
-    env_text = " ".join(f"{k}={v!r}" if " " in v else f"{k}={v}" for k, v in THREADS.items())
+    env_text = " ".join(f"{k}={v!r}" if " " in v else f"{k}={v}" for k, v in WORKER_THREADS.items())
     print("Commands (each with KERAS_BACKEND=<backend> and", env_text + "):")
     print("  one worker:  " + " ".join(me))
     for engine in engines:
