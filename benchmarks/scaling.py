@@ -59,7 +59,7 @@ def worker(args: argparse.Namespace) -> None:
     rank, size = hvd.rank(), hvd.size()
     batch = args.batch * size  # global minibatch: args.batch samples per worker
     steps = args.warmup + args.steps
-    rng = np.random.default_rng(rank)
+    rng = np.random.default_rng(0)  # the same data on every worker: kfit.fit reads each worker's share
     keras.utils.set_random_seed(0)
     model = build_model(args.model)
     x = rng.normal(size=(batch * 4, *model.input_shape[1:])).astype("float32")
