@@ -385,15 +385,19 @@ def sgd(parameters: Any = None, lr: Any = None, **options: Any) -> NoReturn:
 def adam(parameters: Any = None, lr: Any = None, momentum: Any = None, unit_gain: bool = True,
          variance_momentum: Any = None, **options: Any) -> NoReturn:
     """CNTK's ``adam`` learner: raises a TypeError saying what to write (as :func:`momentum_sgd`), with
-    ``kfit.optimizers.Adam``, whose ``beta_1`` a ``MomentumSchedule`` sets and whose ``beta_2`` is CNTK's
-    ``variance_momentum`` per minibatch. kfit's Adam is unit-gain (CNTK's default): ``unit_gain=False`` is named as
-    having no counterpart.
+    ``kfit.optimizers.Adam(variant="cntk", ...)``, CNTK's update (tested step by step against a NumPy transcription
+    of CNTK's C++), whose ``beta_1`` a ``MomentumSchedule`` sets. The line written carries ``unit_gain``, CNTK's
+    ``epsilon`` (1e-8 unless given) and CNTK's default ``variance_momentum``
+    (``momentum_schedule_per_sample(0.9999986111120757)``: ``beta_2=0.9999986111120757, beta_2_minibatch_size=1``);
+    a ``variance_momentum`` given is described instead.
 
     Raises:
         TypeError: always, with the lines to write.
     """
-    also = ("; variance_momentum is Adam's beta_2, per minibatch: a per-sample m_s (CNTK's default "
-            "momentum_schedule_per_sample(0.9999986111120757)) is beta_2=m_s ** B for minibatches of B samples")
-    if not unit_gain:
-        also += "; unit_gain=False has no counterpart: kfit's Adam is unit-gain (m += (1 - beta_1) * (g - m))"
-    _no_learner("adam", "kfit.optimizers.Adam()", _SGD_SCHEDULES + " (it sets beta_1)", options, also)
+    epsilon = options.pop("epsilon", 1e-8)
+    beta_2 = ", beta_2=0.9999986111120757, beta_2_minibatch_size=1" if variance_momentum is None else ""
+    also = "" if variance_momentum is None else (
+        "; variance_momentum is beta_2: a per-sample m_s (momentum_schedule_per_sample(m_s)) is beta_2=m_s, "
+        "beta_2_minibatch_size=1; a value per minibatch is beta_2 alone")
+    optimizer = f"kfit.optimizers.Adam(variant='cntk', unit_gain={unit_gain!r}, epsilon={epsilon!r}{beta_2})"
+    _no_learner("adam", optimizer, _SGD_SCHEDULES + " (it sets beta_1)", options, also)

@@ -326,8 +326,10 @@ def test_the_guide_gives_checkpoint_configs_arguments_in_cntks_order():
     (lambda: C.nesterov([], 0.1, 0.9, unit_gain=False), "kfit.optimizers.MomentumSGD(nesterov=True, unit_gain=False)",
      r"MomentumSchedule\(momentum\)"),
     (lambda: C.adam([], 0.1, 0.9, variance_momentum=0.9999986111120757, l2_regularization_weight=0.01),
-     "kfit.optimizers.Adam()", r"sets beta_1.*beta_2=m_s \*\* B.*CNTK's l2_regularization_weight: see kfit.optimizers.Adam"),
-    (lambda: C.adam([], 0.1, 0.9, unit_gain=False), "kfit.optimizers.Adam()", r"unit_gain=False has no counterpart"),
+     "kfit.optimizers.Adam(variant='cntk', unit_gain=True, epsilon=1e-08)",
+     r"sets beta_1.*beta_2=m_s, beta_2_minibatch_size=1.*CNTK's l2_regularization_weight: see kfit.optimizers.Adam"),
+    (lambda: C.adam([], 0.1, 0.9, unit_gain=False), "kfit.optimizers.Adam(variant='cntk', unit_gain=False, epsilon=1e-08, "
+     "beta_2=0.9999986111120757, beta_2_minibatch_size=1)", r"MomentumSchedule\(momentum\) \(it sets beta_1\)"),
 ])
 def test_cntks_other_learners_say_what_to_write(learner, optimizer, said):
     """The CNTK guide's cntk.sgd (sections 5 and 6) and the migration guide's nesterov and adam were missing from
