@@ -1224,3 +1224,21 @@ def replace_epoch_dataset(dataset: Any) -> bool:
         return False
     owner._distributed_dataset = owner._distribute_strategy.experimental_distribute_dataset(dataset)
     return True
+
+
+def serialize_as(subclass: type, base: type) -> None:
+    """Makes Keras save instances of ``subclass`` as instances of ``base``: the same ``module``, ``class_name`` and
+    ``registered_name`` in the saved config, so that a file saved with one loads as the other.
+
+    Keras names a saved object after its class, looked up in two tables keyed by the class: the public ``keras.*``
+    names (``api_export.REGISTERED_OBJS_TO_NAMES``) and the names of ``register_keras_serializable``
+    (``object_registration.GLOBAL_CUSTOM_NAMES``); a class in neither is named ``__name__``. ``subclass`` gets
+    ``base``'s entries; the tables loading reads (name to class) are left alone, so loading gives ``base``. Without
+    this, a subclass of a registered class (``kfit.optimizers.MomentumSGD``, package ``kfit``) saved as
+    ``registered_name: "MomentumSGD"``, which loading cannot find. Keras internals, checked against Keras 3.15.1."""
+    from keras.src import api_export
+    from keras.src.saving import object_registration
+
+    for table in (api_export.REGISTERED_OBJS_TO_NAMES, object_registration.GLOBAL_CUSTOM_NAMES):
+        if base in table:
+            table[subclass] = table[base]

@@ -27,10 +27,10 @@ overrides the launcher's choice.
 For plain ``model.fit``, this module ports Horovod's Keras API to Keras 3 under the same names:
 :func:`DistributedOptimizer`, :class:`BroadcastGlobalVariablesCallback`, :class:`MetricAverageCallback`,
 :class:`LearningRateWarmupCallback`, :class:`LearningRateScheduleCallback` (also as ``callbacks.<Name>``, as
-``hvd.callbacks.<Name>``), so a Horovod-Keras script ports by changing its imports
-(``import kfit.distributed as hvd``), and runs under either engine; ``hvd.allreduce``, ``hvd.allgather`` and
-``hvd.broadcast`` work on values (numbers, NumPy arrays, tensors) over the host. Horovod's elastic mode (Horovod only):
-:class:`ElasticState` and ``@elastic.run``.
+``hvd.callbacks.<Name>``), and :func:`load_model` (a saved model back with a distributed optimizer), so a
+Horovod-Keras script ports by changing its imports (``import kfit.distributed as hvd``), and runs under either
+engine; ``hvd.allreduce``, ``hvd.allgather`` and ``hvd.broadcast`` work on values (numbers, NumPy arrays, tensors)
+over the host. Horovod's elastic mode (Horovod only): :class:`ElasticState` and ``@elastic.run``.
 
 Failures. When a worker dies, ``horovodrun`` ends the job: on one machine it sees the process exit and
 terminates the others at once ("Horovod detected that one or more processes exited with non-zero status
@@ -62,6 +62,7 @@ from typing import Any
 
 from kfit.distributed import _select
 from kfit.distributed._engine import WorkerLostError
+from kfit.distributed._load_model import load_model
 from kfit.distributed._optimizer import (
     Adasum,
     Average,
@@ -281,6 +282,7 @@ __all__ = [
     "init",
     "is_chief",
     "is_distributed",
+    "load_model",
     "local_rank",
     "local_size",
     "prepare_model",

@@ -164,9 +164,12 @@ _classes: dict[type, type] = {}
 
 def _distributed_class(cls: type) -> type:
     if cls not in _classes:
-        # Same name and module as the optimizer's class: saving the model records the plain optimizer,
-        # and loading it gives one back (wrap it again), as with Horovod.
+        # Serialized as the optimizer's own class (same name, module and Keras names): saving the model records
+        # the plain optimizer, and loading it gives one back (load_model wraps it again), as with Horovod.
+        from kfit import _backend
+
         _classes[cls] = type(cls.__name__, (_DistributedMixin, cls), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+        _backend.serialize_as(_classes[cls], cls)
     return _classes[cls]
 
 
@@ -247,6 +250,34 @@ def DistributedOptimizer(
             "Argument `optimizer` must be a keras.optimizers.Optimizer. "
             f"Received: optimizer={optimizer!r} of type {type(optimizer).__name__}"
         )
+    options = make_options(
+        name=name, compression=compression, op=op, num_groups=num_groups, device_dense=device_dense,
+        device_sparse=device_sparse, sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor,
+        backward_passes_per_step=backward_passes_per_step, average_aggregated_gradients=average_aggregated_gradients,
+        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
+    if not is_distributed(optimizer):
+        optimizer.__class__ = _distributed_class(type(optimizer))
+    object.__setattr__(optimizer, "_kfit_horovod_options", options)
+    return optimizer
+
+
+def make_options(
+    name: str | None = None,
+    compression: str = Compression.none,
+    op: str = Average,
+    num_groups: int = 0,
+    *,
+    device_dense: str = "",
+    device_sparse: str = "",
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+    groups: int | None = None,
+    process_set: Any = None,
+    scale_local_gradients: bool = True,
+) -> _Options:
+    """:func:`DistributedOptimizer`'s arguments checked (the errors it documents) and resolved."""
     if compression not in (Compression.none, Compression.fp16):
         raise ValueError(
             "Invalid value for argument `compression`: expected kfit.distributed.Compression.none or "
@@ -271,10 +302,7 @@ def DistributedOptimizer(
         process_set=process_set, scale_local_gradients=scale_local_gradients)
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"Invalid value for argument `name`: expected a non-empty string. Received: name={name!r}")
-    if not is_distributed(optimizer):
-        optimizer.__class__ = _distributed_class(type(optimizer))
-    object.__setattr__(optimizer, "_kfit_horovod_options", _Options(op, compression, num_groups, name or GRADIENTS_NAME, float(gradient_predivide_factor)))
-    return optimizer
+    return _Options(op, compression, num_groups, name or GRADIENTS_NAME, float(gradient_predivide_factor))
 
 
 def _horovod_arguments(**given: Any) -> int:
