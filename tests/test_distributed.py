@@ -258,6 +258,33 @@ def test_the_horovod_example_trains_on_two_workers(jobs):
     assert float(line.rsplit("test accuracy", 1)[1]) > 0.5
 
 
+@pytest.mark.horovod
+def test_load_model_gives_every_worker_the_saved_model_and_state_with_the_optimizer_distributed(jobs):
+    """hvd.load_model of the file rank 0's ModelCheckpoint saved (a model compiled with DistributedOptimizer): every
+    worker holds the file's weights and optimizer state, and plain model.fit on the workers' halves goes on as one
+    process trains the file's model on the whole data in minibatches of both halves."""
+    (a0, i0), (a1, i1) = _results(jobs, "load_model")
+    assert i0["distributed"] is i1["distributed"] is True and i0["optimizer"] == i1["optimizer"] == "Adam"
+    for key in a0:
+        np.testing.assert_array_equal(a0[key], a1[key], err_msg=key)
+    m = common.LOAD_MODEL
+    reference = keras.models.load_model(jobs["out"] / "load_model.keras")
+    for i, w in enumerate(common.weights(reference)):
+        np.testing.assert_array_equal(a0[f"loaded_w{i}"], w)
+    for i, v in enumerate(reference.optimizer.variables):
+        np.testing.assert_array_equal(a0[f"loaded_opt{i}"], keras.ops.convert_to_numpy(v.value))
+    assert int(a0["loaded_opt0"]) == m["per_worker"] // m["batch_size"]  # iterations: the saved run's steps
+    x, y = common.data(2 * m["per_worker"], seed=m["seed"])
+    reference.fit(x, y, batch_size=2 * m["batch_size"], epochs=m["epochs"], shuffle=False, verbose=0)
+    for i, w in enumerate(common.weights(reference)):
+        np.testing.assert_allclose(a0[f"w{i}"], w, atol=1e-5, rtol=0)
+    for i, v in enumerate(reference.optimizer.variables):
+        np.testing.assert_allclose(a0[f"opt{i}"], keras.ops.convert_to_numpy(v.value), atol=1e-5, rtol=0)
+    # A file that rank 1 cannot read: rank 1 raises Keras's error, rank 0 says another worker could not load it.
+    assert i1["unreadable"][0] == "ValueError" and "missing.keras" in i1["unreadable"][1]
+    assert i0["unreadable"][0] == "RuntimeError" and "another worker could not load the model" in i0["unreadable"][1]
+
+
 # -- failures and resumption -----------------------------------------------------------------------------
 @pytest.mark.horovod
 def test_a_killed_worker_ends_the_job_promptly_with_a_clear_message(jobs):

@@ -7,8 +7,8 @@ The native tests launch real workers on loopback, with the backend of this pytes
   SIGKILLed after a checkpoint, and rank 0 must fail on its own within seconds;
 * ``engine_scripts/scenarios.py`` under ``python -m torch.distributed.run --standalone --nproc_per_node 2``:
   the engine's own collectives, then the Horovod scenarios unchanged (data-parallel ``kfit.fit``, stops,
-  plain ``model.fit`` with Horovod's API, resuming the killed run on two workers, SIGTERM on one worker with
-  ``save_on_preemption``, what ``verbose=1`` prints, the Horovod example);
+  plain ``model.fit`` with Horovod's API, ``load_model``, resuming the killed run on two workers, SIGTERM on one
+  worker with ``save_on_preemption``, what ``verbose=1`` prints, the Horovod example);
 * ``engine_scripts/uneven.py`` under torchrun: global minibatches that do not divide between the two workers
   (padded to one shape on JAX), ones of 1 sample (one worker trains a padding row), workers given different training data (refused), and on JAX the compiled step's
   HLO (an all-reduce, no host callback);
@@ -209,6 +209,11 @@ def test_a_stop_on_one_worker_ends_both_after_the_same_step(jobs):
 def test_model_fit_with_horovods_api_runs_on_the_native_engine(jobs):
     horovod_checks.test_model_fit_with_distributed_optimizer_broadcast_and_warmup_equals_one_process(jobs)
     horovod_checks.test_metric_average_callback_weights_each_worker_by_its_samples(jobs)
+
+
+@native_only
+def test_load_model_gives_every_worker_the_saved_model_on_the_native_engine(jobs):
+    horovod_checks.test_load_model_gives_every_worker_the_saved_model_and_state_with_the_optimizer_distributed(jobs)
 
 
 @native_only

@@ -34,6 +34,9 @@ FEATURES, OUTPUTS = 5, 2
 FIT = dict(num_samples=100, epoch_size=120, max_samples=300, sizes=[15, 22], size_epoch=150, seed=3, lr=0.05, momentum=0.9)
 # Scenario "model_fit": plain model.fit with Horovod's API; each worker holds 32 samples, minibatches of 8.
 MODEL_FIT = dict(per_worker=32, batch_size=8, epochs=3, lr=0.05, warmup_epochs=2, val_sizes=(20, 12))
+# Scenario "load_model": plain model.fit with Adam on each worker's half x[rank::2] of 2 * per_worker samples, a
+# ModelCheckpoint on rank 0; then hvd.load_model on every worker and training on for `epochs` more.
+LOAD_MODEL = dict(per_worker=16, batch_size=4, epochs=2, lr=0.01, seed=6)
 # Scenario "resume": kfit.fit with checkpoints every 40 samples; the killed job dies after step KILL_STEP.
 RESUME = dict(num_samples=120, minibatch_size=10, max_samples=200, frequency=40, kill_step=6, seed=5, lr=0.05, momentum=0.9)
 # Scenario "preempt": kfit.fit for 3 epochs of 60 samples, a checkpoint at each epoch end and on preemption; SIGTERM

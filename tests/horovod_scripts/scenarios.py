@@ -11,6 +11,8 @@ Each worker writes ``OUT_DIR/<scenario>.rank<r>.{npz,json}``; the test checks th
 * ``model_fit``: plain model.fit with DistributedOptimizer and Horovod's callbacks (broadcast, metric
   averaging weighted by samples, learning-rate warm-up); kfit's EarlyStopping and ReduceLROnPlateau on each
   worker's own loss.
+* ``load_model``: Horovod-Keras's ``hvd.load_model`` of the file a ModelCheckpoint on rank 0 saved; every worker
+  trains on from it (no broadcast); a file that one worker cannot read.
 * ``resume``: kfit.fit resumed from the checkpoint of the job that killed.py killed, and the same run
   uninterrupted.
 * ``preempt``: ``Checkpoint(save_on_preemption=True)``, SIGTERM reaching rank 1 alone; the run resumed from the
@@ -274,6 +276,35 @@ def scenario_model_fit() -> None:
                                            "monitors": stops, "agreed_stops": agreed})
 
 
+# -- load_model --------------------------------------------------------------------------------------
+def scenario_load_model() -> None:
+    m = common.LOAD_MODEL
+    x, y = common.data(SIZE * m["per_worker"], seed=m["seed"])
+    path = os.path.join(OUT, "load_model.keras")
+    net = common.model(init_seed=20 + RANK)
+    net.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(m["lr"])), loss="mse")
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+    if RANK == 0:  # a migrant's script: only rank 0 saves
+        callbacks.append(keras.callbacks.ModelCheckpoint(path))
+    net.fit(x[RANK::SIZE], y[RANK::SIZE], batch_size=m["batch_size"], shuffle=False, verbose=0, callbacks=callbacks)
+    hvd.allreduce(0)  # rank 0 has written the file
+    # Every worker loads the file and trains on its half: no broadcast, the file gives every worker the same state.
+    loaded = hvd.load_model(path)
+    arrays = {f"loaded_w{i}": w for i, w in enumerate(common.weights(loaded))}
+    arrays.update({f"loaded_{k}": v for k, v in optimizer_arrays(loaded).items()})
+    loaded.fit(x[RANK::SIZE], y[RANK::SIZE], batch_size=m["batch_size"], epochs=m["epochs"], shuffle=False, verbose=0)
+    arrays.update({f"w{i}": w for i, w in enumerate(common.weights(loaded))})
+    arrays.update(optimizer_arrays(loaded))
+    # A file that rank 1 cannot read: every worker raises, none waits for the others.
+    try:
+        hvd.load_model(path if RANK == 0 else os.path.join(OUT, "missing.keras"))
+        unreadable = None
+    except Exception as error:  # noqa: BLE001 - recorded for the test
+        unreadable = [type(error).__name__, str(error)]
+    common.save(out("load_model"), arrays, {"distributed": hvd.is_distributed(loaded.optimizer),
+                                            "optimizer": type(loaded.optimizer).__name__, "unreadable": unreadable})
+
+
 # -- resume ------------------------------------------------------------------------------------------
 def run_resume(path: str) -> tuple[keras.Model, object, dict]:
     r = common.RESUME
@@ -502,6 +533,6 @@ def scenario_example() -> None:
     common.save(out("example"), {}, {"stdout": printed.getvalue()})
 
 
-for scenario in sys.argv[2:] or ["fit", "stop", "model_fit", "resume", "preempt", "verbose", "collectives", "example"]:
+for scenario in sys.argv[2:] or ["fit", "stop", "model_fit", "load_model", "resume", "preempt", "verbose", "collectives", "example"]:
     globals()[f"scenario_{scenario}"]()
 print(f"rank {RANK}: done", flush=True)
