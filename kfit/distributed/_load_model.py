@@ -67,12 +67,12 @@ def load_model(
         >>> import os, tempfile
         >>> import keras, kfit
         >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        >>> model.compile(optimizer=kfit.distributed.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+        >>> model.compile(optimizer=kfit.distributed.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
         >>> path = os.path.join(tempfile.mkdtemp(), "model.keras")
         >>> model.save(path)
         >>> loaded = kfit.distributed.load_model(path)
         >>> type(loaded.optimizer).__name__, kfit.distributed.is_distributed(loaded.optimizer)
-        ('Adam', True)
+        ('SGD', True)
     """
     objects = _custom_objects(custom_optimizers, custom_objects)
     if not isinstance(legacy_opts, bool):
