@@ -307,3 +307,30 @@ def test_a_load_inside_an_epoch_of_model_fit_leaves_the_files_metric_state_out_o
         return history.history["loss"][-1], [line for line in log.read_text().splitlines() if line.startswith("Minibatch[")]
 
     assert trained(path) == trained(str(tmp_path / "other.ckpt"))
+
+
+@pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])
+def test_a_load_tells_that_a_callback_the_file_has_no_state_for_keeps_its_own(tmp_path, loop):
+    """A load at an epoch end of a file written without the run's EarlyStopping said "holds no state for callback
+    'early_stopping': it starts afresh", while the callback kept its state (its best loss and wait): only a resume's
+    callbacks have just started afresh. The note now says what happens."""
+    path = str(tmp_path / "c.ckpt")
+    train(loop, make_model(), 1, [kfit.callbacks.Checkpoint(path, async_write=False),
+                                  kfit.callbacks.ProgressPrinter(log_to_file=tmp_path / "log")])  # (another state)
+
+    class LoadAndListen(LoadAtEpochEnd):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == self.epoch:
+                self.before = stopping.get_state()
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    super().on_epoch_end(epoch, logs)
+                self.after = stopping.get_state()
+                self.said = [str(w.message) for w in caught]
+
+    stopping = kfit.callbacks.EarlyStopping(monitor="loss", patience=5)
+    load = LoadAndListen(path, epoch=1)
+    train(loop, make_model(), 3, [stopping, load])
+    assert load.after == load.before and load.before["best"] is not None
+    assert [note for note in load.said if "no state for callback 'early_stopping'" in note] == [
+        f"The checkpoint {path!r} holds no state for callback 'early_stopping': it keeps the state it has."], load.said

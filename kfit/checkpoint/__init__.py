@@ -240,6 +240,8 @@ def load_checkpoint(
     From a callback of a plain ``model.fit`` run, the training metrics are left as they are: Keras's epoch goes on
     with the means of its own steps (as a resume, which restarts the epoch, leaves them out).
 
+    A callback the file holds no state for keeps the state it has.
+
     A run that had ended (complete, or stopped by a callback) is restored as ``model.fit`` left the model: with an
     optimizer that keeps moving averages (``use_ema=True``), they are swapped into the model's weights, as
     ``model.fit`` does at its end (the checkpoint keeps the trained weights, from which a continued run goes on).
@@ -268,7 +270,8 @@ def load_checkpoint(
     run = current_run(model)
     into_run = run is not None and run.clock is not None and parts.clock is run.clock  # (from a callback of the run)
     # (plain model.fit goes on with its own epoch: the file's metric state, of another, would mix into its means)
-    restore = _state.plan_restore(parts, meta, arrays, path, metrics=not into_run or run.kfit_fit)
+    # (a callback the file has no state for keeps its own: only a resume's callbacks have just started afresh)
+    restore = _state.plan_restore(parts, meta, arrays, path, metrics=not into_run or run.kfit_fit, fresh=False)
     if into_run and getattr(run.driver, "ran", False):
         run.flush()  # a step that has run, not counted yet (model.fit: at the next kfit hook), on the clock it ran on
     if into_run and getattr(run.driver, "inside_epoch", lambda clock: False)(run.clock):

@@ -699,11 +699,13 @@ def _worker_metrics(model: Any, variables: list, meta: dict, arrays: dict, file:
 
 
 def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool = True, rank: int = 0,
-                 size: int = 1) -> _Restore:
+                 size: int = 1, fresh: bool = True) -> _Restore:
     """Checks that the checkpoint fits the run and prepares every assignment; changes nothing.
 
     With ``metrics`` the metric variables are restored too, when they fit (a note says so otherwise): worker
     ``rank`` of ``size`` gets its share of the saved workers' training metrics (see :func:`_worker_metrics`).
+    ``fresh``: the callbacks have just started afresh (a resume as training begins), and one the file holds no state
+    for goes on so; else (``kfit.load_checkpoint``) it keeps the state it has. The note says which.
     """
     model = parts.model
     restore = _Restore(file=file)
@@ -821,7 +823,8 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
         # (A file saved without callbacks: no note for each. A callback with its own _put_back, a kfit schedule, always
         # has a state, and its get_state refuses a reset to a Python callable, which a load need not save.)
         elif saved_states and (callable(getattr(callback, "_put_back", None)) or callback.get_state()):
-            restore.notes.append(f"The checkpoint {file!r} holds no state for callback {key!r}: it starts afresh.")
+            restore.notes.append(f"The checkpoint {file!r} holds no state for callback {key!r}: "
+                                 + ("it starts afresh." if fresh else "it keeps the state it has."))
     unused = sorted(set(saved_states) - set(keyed))
     if unused and keyed:  # (not for load_checkpoint(path, model) outside a run: no callbacks asked for)
         restore.notes.append(f"The checkpoint {file!r} holds the state of callbacks {unused}, which this run does not have.")
