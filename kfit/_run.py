@@ -63,6 +63,10 @@ class RunLoop:
         loop must start from when the loop cannot resume where the clock stands (else None)."""
         return None
 
+    def prepare_load(self, run: Run, restore: Any) -> None:
+        """Adjusts a planned restore of ``kfit.load_checkpoint`` into the run, from a callback between two epochs.
+        kfit.fit's loop goes on where the restored clock stands, also inside an epoch: nothing to adjust."""
+
     def finished_epoch(self, run: Run, params: dict | None, restored_epoch: int | None) -> int | None:
         """The epoch to start from when a restored run had finished and trains nothing (None: the loop stops it)."""
         return None

@@ -156,12 +156,16 @@ def test_a_load_listed_before_the_sample_clock_leaves_the_last_step_with_the_clo
     assert_same_weights(loaded, resumed)
 
 
-def test_a_load_inside_an_epoch_of_kfit_fit_is_refused_naming_what_works_and_changes_nothing(tmp_path):
+@pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])
+def test_a_load_inside_an_epoch_is_refused_naming_what_works_and_changes_nothing(tmp_path, loop):
     """kfit.fit plans an epoch's minibatches as it begins: a checkpoint loaded from a batch hook left the plan and the
-    clock apart, and the next step failed with "This is a bug in kfit". The load is refused before it changes
-    anything, naming the epoch end and a resume."""
+    clock apart, and the next step failed with "This is a bug in kfit". Plain model.fit goes on with the epoch's next
+    minibatches from its own place in the data, which kfit cannot move: the checkpoint of sample 100 loaded after the
+    second step of the second epoch left the clock at 180 where model.fit ended that epoch (a resume of the file ends
+    it at 200), and every later epoch out of line. The load is refused before it changes anything, naming the epoch
+    end and a resume."""
     path = str(tmp_path / "c.ckpt")
-    train("kfit.fit", make_model(), 1, [kfit.callbacks.Checkpoint(path, async_write=False)])
+    train(loop, make_model(), 1, [kfit.callbacks.Checkpoint(path, async_write=False)])
 
     class LoadAtBatchEnd(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -171,9 +175,9 @@ def test_a_load_inside_an_epoch_of_kfit_fit_is_refused_naming_what_works_and_cha
                 kfit.load_checkpoint(path, self.model)
 
     model, load = make_model(), LoadAtBatchEnd()
-    with pytest.raises(RuntimeError, match=r"inside an epoch of kfit.fit \(at sample 32\).*on_epoch_end.*"
-                                           r"Checkpoint\(path, restore=True\)"):
-        train("kfit.fit", model, 2, [load])
+    with pytest.raises(RuntimeError, match=rf"inside an epoch of {re.escape(loop)} \(at sample 32\).*on_epoch_end.*"
+                                           r"Checkpoint\(path, restore=True\).*Nothing was restored"):
+        train(loop, model, 2, [load])
     assert load.samples == 32
     for before, variable in zip(load.weights, model.variables, strict=True):
         np.testing.assert_array_equal(before, keras.ops.convert_to_numpy(variable.value), err_msg=variable.path)
@@ -280,10 +284,11 @@ def test_the_epoch_summaries_count_the_epoch_a_load_ends_as_trained(tmp_path):
     assert all(s.samples_per_second > 0 for s in history.epoch_summaries)
 
 
-def test_a_load_inside_an_epoch_of_model_fit_leaves_the_files_metric_state_out_of_the_epochs_means(tmp_path):
-    """Plain model.fit goes on with its own epoch after a load from a batch hook: the file's metric state (of the epoch
-    the file was written in) was restored into Keras's running means, so the epoch's History entry and the printer's
-    interval means mixed it in. The same file with another metric state now trains to the same means."""
+def test_a_load_at_the_last_step_of_a_model_fit_epoch_leaves_the_files_metric_state_out_of_the_epochs_means(tmp_path):
+    """Plain model.fit reads the epoch's means for its History after the epoch's last step: the file's metric state (of
+    the epoch the file was written in), restored by a load at that step's end, was that epoch's History entry. A resume
+    under model.fit restarts the epoch and restores no metrics; the load now leaves them out too: the same file with
+    another metric state trains to the same History."""
     path = str(tmp_path / "c.ckpt")
     model = make_model()
     train("model.fit", model, 1, [kfit.callbacks.Checkpoint(path, async_write=False)])
@@ -291,22 +296,44 @@ def test_a_load_inside_an_epoch_of_model_fit_leaves_the_files_metric_state_out_o
         variable.assign(keras.ops.ones_like(variable.value) * 50)
     kfit.save_checkpoint(str(tmp_path / "other.ckpt"), model, clock=kfit.get_clock(model))
 
-    class LoadAtBatchEnd(keras.callbacks.Callback):
+    class LoadAtLastBatchEnd(keras.callbacks.Callback):
         def __init__(self, path):
             super().__init__()
             self.path = path
 
         def on_train_batch_end(self, batch, logs=None):
-            if batch == 1 and self.path:
+            if batch == 6 and self.path:  # (the epoch's last step: the clock at 100, between two epochs)
                 kfit.load_checkpoint(self.path, self.model)
                 self.path = None
 
     def trained(file):
-        log = tmp_path / f"{os.path.basename(file)}.log"
-        history = train("model.fit", make_model(), 1, [LoadAtBatchEnd(file), kfit.callbacks.ProgressPrinter(freq=2, log_to_file=log)])
-        return history.history["loss"][-1], [line for line in log.read_text().splitlines() if line.startswith("Minibatch[")]
+        history = train("model.fit", make_model(), 2, [LoadAtLastBatchEnd(file)])
+        return history.history["loss"][-2:]  # (the first file also restores its History of epoch 1)
 
     assert trained(path) == trained(str(tmp_path / "other.ckpt"))
+
+
+def test_a_load_at_an_epoch_end_of_model_fit_of_a_file_written_inside_an_epoch_trains_as_a_resume_of_it(tmp_path):
+    """Plain model.fit trains its next epoch from the first step: the checkpoint of sample 148 (48 samples into the
+    second epoch), loaded at the end of the second epoch, left the clock at 148, and model.fit's third epoch ended it
+    at 248 (a resume of the file puts the clock at the epoch's start, 100, and ends that epoch at 200): every schedule
+    and checkpoint after it was out of line with model.fit's epochs. The load now puts the clock at the epoch's start,
+    as that resume does, and trains to the same weights and History."""
+    path = str(tmp_path / "c.ckpt")
+    train("model.fit", make_model(), 2, [kfit.callbacks.Checkpoint(path, frequency=140, preserve_all=True,
+                                                                   async_write=False)])
+    loaded = make_model()
+    with pytest.warns(UserWarning, match=r"written 48 samples into epoch 2: .*start of epoch 2 \(sample 100\)"):
+        x, y = data()
+        history = loaded.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0, callbacks=[
+            kfit.callbacks.SampleClock(batch_size=16, num_samples=100), LoadAtEpochEnd(path + ".148", epoch=1)])
+    shutil.copy(path + ".148", tmp_path / "r.ckpt")
+    resumed = make_model()
+    resumed_history = train("model.fit", resumed, 2, [kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"),
+                                                                                frequency="100ep")])
+    assert kfit.get_clock(loaded).samples == 200
+    assert_same_weights(loaded, resumed)
+    assert history.history["loss"][-1] == resumed_history.history["loss"][-1]
 
 
 @pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])

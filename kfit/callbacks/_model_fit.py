@@ -121,17 +121,28 @@ class ModelFitLoop(RunLoop):
         state = restore.clock_state
         epoch = None
         if state is not None and state.get("epoch_size"):
-            epoch, into = divmod(state["samples"], state["epoch_size"])
-            if into:
-                size = getattr(run.driver, "batch_size", None) or state.get("minibatch_size") or into
-                state["samples"] -= into
-                state["minibatches"] = max(state["minibatches"] - math.ceil(into / size), 0)
+            epoch, _ = _to_epoch_start(run, state)
         elif restore.history is not None and restore.history["epoch"]:
             epoch = max(restore.history["epoch"]) + 1
         if not self._noted:
             self._noted = True
             warn_job(MODEL_FIT_NOTE.format(epoch=(epoch or 0) + 1), stacklevel=4)  # (from 1, as printed)
         return epoch or None
+
+    def prepare_load(self, run: _run.Run, restore: Any) -> None:
+        """``model.fit`` goes on with the next epoch from its first step: a clock restored inside an epoch is put at
+        the epoch's start, as :meth:`prepare_restore` puts it (the epoch is then trained from there, as a resume of
+        the same file trains it)."""
+        state = restore.clock_state
+        if state is None or not state.get("epoch_size"):
+            return
+        epoch, into = _to_epoch_start(run, state)
+        if into:
+            restore.notes.append(
+                f"The checkpoint {restore.file!r} was written {into} samples into epoch {epoch + 1}: model.fit goes on "
+                f"from the start of an epoch, so the clock is put at the start of epoch {epoch + 1} (sample "
+                f"{state['samples']}) and model.fit's next epoch trains it from there with the checkpoint's weights, as a "
+                "resume under model.fit does. Train with kfit.fit for a load that goes on inside the epoch.")
 
     def finished_epoch(self, run: _run.Run, params: dict | None, restored_epoch: int | None) -> int | None:
         # model.fit checks stop_training only after a step: a finished run starts at its last epoch instead.
@@ -142,6 +153,17 @@ class ModelFitLoop(RunLoop):
 
     def end_reached(self, run: _run.Run, params: dict | None, restored_epoch: int | None) -> str | None:
         return _run.epochs_reached(run, params, restored_epoch) if (params or {}).get("epochs") is not None else None
+
+
+def _to_epoch_start(run: _run.Run, state: dict) -> tuple[int, int]:
+    """Puts a restored clock ``state`` (with an ``epoch_size``) at the start of its epoch; returns ``(epoch, samples it
+    was into the epoch)``."""
+    epoch, into = divmod(state["samples"], state["epoch_size"])
+    if into:
+        size = getattr(run.driver, "batch_size", None) or state.get("minibatch_size") or into
+        state["samples"] -= into
+        state["minibatches"] = max(state["minibatches"] - math.ceil(into / size), 0)
+    return epoch, into
 
 
 class FitDriver(StepDriver):
@@ -164,6 +186,10 @@ class FitDriver(StepDriver):
         #: The step planned last has run (told by :meth:`step_ran`): a Keras callback that reads the clock before any
         #: kfit callback's hook has counted it finds it counted (``kfit.get_clock``), whatever the callbacks' order.
         self.ran = False
+
+    def inside_epoch(self, clock: Clock) -> bool:
+        """True between two steps of one epoch of known length: model.fit goes on with the epoch's next step."""
+        return bool(clock.epoch_size) and clock.samples_in_epoch != 0
 
     def step_ran(self) -> None:
         """Called when Keras's train function returns (``SampleClock`` wraps it)."""

@@ -237,8 +237,12 @@ def load_checkpoint(
             default: a library call leaves the process's random state alone; the ``Checkpoint`` callback restores
             them, as an exact resume needs).
 
-    From a callback of a plain ``model.fit`` run, the training metrics are left as they are: Keras's epoch goes on
-    with the means of its own steps (as a resume, which restarts the epoch, leaves them out).
+    From a callback of a run, the load must come between two epochs (``on_epoch_end``): between two steps of an epoch
+    (a batch hook) it is refused with a ``RuntimeError``, before anything changes (under plain ``model.fit``, where
+    the clock knows the epoch's length: data of known length, or ``SampleClock``'s ``num_samples``). Under plain
+    ``model.fit`` the training metrics are left as they are (as a resume, which restarts the epoch, leaves them out),
+    and a file written inside an epoch puts the clock at that epoch's start, from which ``model.fit``'s next epoch
+    trains it, as a resume of the file does.
 
     A callback the file holds no state for keeps the state it has.
 
@@ -255,6 +259,7 @@ def load_checkpoint(
             (the message says where); nothing is changed.
         CheckpointMismatchError: the checkpoint does not fit (names the first variable that differs);
             nothing is changed.
+        RuntimeError: called from a callback inside an epoch of the run (see above); nothing is changed.
 
     Example:
         >>> # model = build_model(); model.compile(...); model.build(input_shape)
@@ -275,12 +280,9 @@ def load_checkpoint(
     if into_run and getattr(run.driver, "ran", False):
         run.flush()  # a step that has run, not counted yet (model.fit: at the next kfit hook), on the clock it ran on
     if into_run and getattr(run.driver, "inside_epoch", lambda clock: False)(run.clock):
-        raise RuntimeError(
-            f"kfit.load_checkpoint({path!r}) was called inside an epoch of kfit.fit (at sample {run.clock.samples}): "
-            "kfit.fit has planned the epoch's minibatches from its start, so a checkpoint can be restored into the run "
-            "only between epochs. Call it from on_epoch_end (the next epoch starts from the file's sample), or set "
-            "self.model.stop_training = True and run kfit.fit again with Checkpoint(path, restore=True). Nothing was "
-            "restored.")
+        raise RuntimeError(_INSIDE_EPOCH[run.kfit_fit].format(path=path, samples=run.clock.samples))
+    if into_run and run.loop is not None:  # (a clock attached by hand has none)
+        run.loop.prepare_load(run, restore)
     before = (run.clock.samples, run.clock.minibatches) if into_run else None
     _state.apply_restore(parts, restore, meta, arrays, random_state=random_state)
     if into_run:
@@ -296,6 +298,21 @@ def load_checkpoint(
     if (meta.get("run") or {}).get("status") in ("complete", "stopped"):
         _backend.finalize_ema(model)  # the model as model.fit left it (the file keeps the trained weights)
     return _info(path, meta, checksum_ok=True)
+
+
+# kfit.load_checkpoint from a batch hook of a run, inside an epoch (keyed by run.kfit_fit).
+_INSIDE_EPOCH = {
+    True: "kfit.load_checkpoint({path!r}) was called inside an epoch of kfit.fit (at sample {samples}): kfit.fit has "
+          "planned the epoch's minibatches from its start, so a checkpoint can be restored into the run only between "
+          "epochs. Call it from on_epoch_end (the next epoch starts from the file's sample), or set "
+          "self.model.stop_training = True and run kfit.fit again with Checkpoint(path, restore=True). Nothing was "
+          "restored.",
+    False: "kfit.load_checkpoint({path!r}) was called inside an epoch of model.fit (at sample {samples}): model.fit "
+           "goes on with the epoch's next minibatches from its own position in the data, which kfit cannot move, so "
+           "the clock and model.fit's epochs would no longer agree. A checkpoint can be restored into the run only "
+           "between epochs: call it from on_epoch_end, or set self.model.stop_training = True and train again with "
+           "Checkpoint(path, restore=True) (kfit.fit resumes inside the epoch, exactly). Nothing was restored.",
+}
 
 
 def read_checkpoint_info(path: str | os.PathLike, verify: bool = True) -> CheckpointInfo:
