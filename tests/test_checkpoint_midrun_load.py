@@ -361,3 +361,33 @@ def test_a_load_tells_that_a_callback_the_file_has_no_state_for_keeps_its_own(tm
     assert load.after == load.before and load.before["best"] is not None
     assert [note for note in load.said if "no state for callback 'early_stopping'" in note] == [
         f"The checkpoint {path!r} holds no state for callback 'early_stopping': it keeps the state it has."], load.said
+
+
+def _without_printer_and_writer_state(tmp_path):
+    """The checkpoint of sample 140 (two minibatches of 20 into the second epoch of kfit.fit), written by a run without
+    a ProgressPrinter or a TensorBoardProgressWriter."""
+    path = str(tmp_path / "c.ckpt")
+    train("kfit.fit", make_model(), 2, [kfit.callbacks.Checkpoint(path, frequency=140, preserve_all=True,
+                                                                  async_write=False)])
+    shutil.copy(path + ".140", tmp_path / "r.ckpt")
+    return path + ".140"
+
+
+def test_the_progress_printer_numbers_the_minibatches_after_a_load_of_a_file_without_its_state_as_a_resume_does(
+        tmp_path):
+    """The checkpoint of sample 140, without printer state, loaded at the end of the second epoch of kfit.fit: the
+    epoch's first interval after the load was 'Minibatch[1-2]' (numbered from the load) where a resume of the file
+    prints 'Minibatch[3-4]' for the same minibatches and means."""
+    file = _without_printer_and_writer_state(tmp_path)
+
+    def printed(name, epochs, callbacks):
+        log = tmp_path / f"{name}.log"
+        train("kfit.fit", make_model(), epochs, [*callbacks, kfit.callbacks.ProgressPrinter(freq=2, log_to_file=log)])
+        return [re.sub(r" \d+\.\d{3}s \(.*\);$", "", line) for line in log.read_text().splitlines()
+                if line.startswith(("Finished Epoch", "Minibatch["))]  # (without the timing)
+
+    whole = printed("whole", 2, [])
+    loaded = printed("loaded", 3, [LoadAtEpochEnd(file, epoch=1)])
+    resumed = printed("resumed", 2, [kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"), frequency="100ep")])
+    assert resumed[0].startswith("Minibatch[   3-   4]") and resumed == whole[-2:]
+    assert loaded == whole + resumed

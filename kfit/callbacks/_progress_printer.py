@@ -16,6 +16,7 @@ from kfit.callbacks._running_means import (
     HYPERPARAMETER_KEYS,
     IntervalMeans,
     ScheduledValues,
+    begin_intervals,
     to_float,
     without_step_end,
 )
@@ -264,7 +265,7 @@ class ProgressPrinter(KfitCallback):
         if self._renumber and (clock.epoch_size or clock.epoch_start is not None):
             self._epoch_offset = clock.epoch - epoch  # (a resume of the file loaded starts Keras's count there)
         self._renumber = False
-        self._intervals.begin_epoch(clock, self.training_run)
+        begin_intervals(self, self._intervals, clock)
         self._epoch_time = time.perf_counter()
         self._epoch_samples = clock.samples
 

@@ -99,14 +99,17 @@ class IntervalMeans:
         self.last_means: dict[str, float] = {}
         self._restored: dict[str, Any] | None = None
 
-    def begin_epoch(self, clock: Clock, run: Any = None) -> None:
-        """Starts an epoch at the clock's reading (a resumed run may start in the middle of one)."""
+    def begin_epoch(self, clock: Clock, run: Any = None) -> bool:
+        """Starts an epoch at the clock's reading (a resumed run may start in the middle of one). False when the
+        epoch's minibatches that ran before the reading are not counted yet: :func:`kfit.fit` counts them as it plans
+        the epoch, before its first step, and a ``kfit.load_checkpoint`` at the previous epoch's end came after the
+        count it makes for a resume; call :meth:`count_steps_run` then (:func:`begin_intervals` does)."""
         done = samples_in_epoch(clock)
         start = clock.samples - done
         restored, self._restored = self._restored, None
         if done and restored is not None and restored.get("epoch_start_samples") == start:
             self._load(restored)
-            return
+            return True
         # Resumed mid-epoch without our state: the restored metric state is the baseline, and the epoch's minibatches
         # that ran before the resume (kfit.fit's batch_offset) are counted. Keras has just reset the metrics: kfit.fit
         # puts the restored state back after every on_epoch_begin, and holds it until then (run.restored_values).
@@ -115,6 +118,13 @@ class IntervalMeans:
         self.epoch_start_samples = start
         self.epoch_start_minibatches = clock.minibatches - self.last_minibatch
         self.last_samples = done if self.last_means else 0  # no baseline: the first interval reports the running mean
+        return not (self.last_means and run.kfit_fit and not run.batch_offset)
+
+    def count_steps_run(self, run: Any) -> None:
+        """Numbers the epoch's minibatches from its start with the steps ``run`` counted before the clock's reading
+        (``run.batch_offset``), once kfit.fit has counted them (see :meth:`begin_epoch`)."""
+        self.last_minibatch += run.batch_offset
+        self.epoch_start_minibatches -= run.batch_offset
 
     def index(self, clock: Clock) -> int:
         """The 1-based index, within the epoch, of the minibatch the clock has just counted."""
@@ -175,6 +185,22 @@ class IntervalMeans:
         self.last_minibatch = int(state["last_minibatch"])
         self.last_samples = int(state["last_samples"])
         self.last_means = {k: float(v) for k, v in state.get("last_means", {}).items()}
+
+
+def begin_intervals(callback: Any, intervals: IntervalMeans, clock: Clock) -> None:
+    """``intervals.begin_epoch`` for a progress callback's ``on_epoch_begin``; where the epoch's minibatches before the
+    clock are counted later, the callback's next ``on_step_begin`` (once, not at every step) counts them first."""
+    callback.__dict__.pop("on_step_begin", None)  # (one left by an epoch that ran no step)
+    run = callback.training_run
+    if intervals.begin_epoch(clock, run):
+        return
+
+    def first_step(clock: Clock) -> None:
+        del callback.on_step_begin
+        intervals.count_steps_run(run)
+        callback.on_step_begin(clock)
+
+    callback.on_step_begin = first_step
 
 
 def _current_means(model: Any, values: list) -> dict[str, float]:

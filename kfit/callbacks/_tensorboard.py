@@ -21,6 +21,7 @@ from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._running_means import (
     IntervalMeans,
     ScheduledValues,
+    begin_intervals,
     kfit_names,
     to_float,
     without_step_end,
@@ -283,7 +284,7 @@ class TensorBoardProgressWriter(KfitCallback):
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         clock = self.clock
         self._mark_start(clock)
-        self._intervals.begin_epoch(clock, self.training_run)
+        begin_intervals(self, self._intervals, clock)
         self._epoch_time = time.perf_counter()
         self._epoch_samples = clock.samples
 
