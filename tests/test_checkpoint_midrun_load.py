@@ -391,3 +391,31 @@ def test_the_progress_printer_numbers_the_minibatches_after_a_load_of_a_file_wit
     resumed = printed("resumed", 2, [kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"), frequency="100ep")])
     assert resumed[0].startswith("Minibatch[   3-   4]") and resumed == whole[-2:]
     assert loaded == whole + resumed
+
+
+def test_the_tensorboard_writer_puts_the_epoch_a_load_ends_where_a_resume_of_a_file_without_its_state_shows_it(
+        tmp_path):
+    """The checkpoint of sample 140, without the writer's state, loaded at the end of the second epoch of kfit.fit by a
+    callback before the writer: that epoch's points went to the restored reading, 140, and stayed there after the
+    restart mark (at 141, as for any file without the writer's state), where a resume of the file shows the stopped
+    run's points of that epoch (at 200) hidden by the mark. (The minibatch size aside: the resumed writer, without
+    state, marks the size again at 140; the loaded one keeps its state, with the size it marked at 100.)"""
+    from test_tensorboard import read_scalars
+
+    file = _without_printer_and_writer_state(tmp_path)
+
+    def shown(log_dir, epochs, callbacks):
+        train("kfit.fit", make_model(), epochs, [*callbacks, kfit.callbacks.TensorBoardProgressWriter(log_dir, freq=2)])
+        scalars = read_scalars(log_dir)
+        speeds = scalars.pop("samples_per_second")
+        assert all(speed > 0 for _, speed in speeds), speeds
+        return {**scalars, "samples_per_second": [step for step, _ in speeds]}  # (without the timing)
+
+    shown(tmp_path / "whole", 2, [])
+    loaded = shown(tmp_path / "loaded", 3, [LoadAtEpochEnd(file, epoch=1)])
+    shutil.copytree(tmp_path / "whole", tmp_path / "resumed")  # (the resume adds its file to the stopped run's)
+    resumed = shown(tmp_path / "resumed", 2, [kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"), frequency="100ep")])
+    assert [step for step, _ in loaded["loss"]] == [100, 200]
+    assert resumed.pop("minibatch_size") == [(0, 16.0), (100, 16.0), (100, 20.0), (140, 20.0), (200, 20.0)]
+    assert loaded.pop("minibatch_size") == [(0, 16.0), (100, 16.0), (100, 20.0), (200, 20.0)]
+    assert loaded == resumed

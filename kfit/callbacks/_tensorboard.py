@@ -249,6 +249,8 @@ class TensorBoardProgressWriter(KfitCallback):
         self._epoch_samples = 0
         self._points: tuple[int | None, list] = (None, [])  # the step of the last points written, and (tag, value)s
         self._restored_points: list | None = None  # those of the restored reading, when the checkpoint was taken
+        # (restored reading, the reading before): a load in the epoch in progress, which ends at the reading before
+        self._ended_before_load: tuple[int, int] | None = None
         if freq is None:
             without_step_end(self)  # epoch scalars only: no per-step work, no per-step sync
 
@@ -283,6 +285,7 @@ class TensorBoardProgressWriter(KfitCallback):
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         clock = self.clock
+        self._ended_before_load = None  # (a load before this epoch began: it ends on the clock)
         self._mark_start(clock)
         begin_intervals(self, self._intervals, clock)
         self._epoch_time = time.perf_counter()
@@ -322,9 +325,11 @@ class TensorBoardProgressWriter(KfitCallback):
         scheduled = dict(self._scheduled.values)
         if self._scheduled.size is not None:
             scheduled["minibatch_size"] = self._scheduled.size
-        self._write_logs({**(logs or {}), **scheduled}, clock.samples)
+        loaded, self._ended_before_load = self._ended_before_load, None
+        step = loaded[1] if loaded is not None and loaded[0] == clock.samples else clock.samples
+        self._write_logs({**(logs or {}), **scheduled}, step)
         if seconds > 0:
-            self.write_value("samples_per_second", (clock.samples - self._epoch_samples) / seconds, clock.samples)
+            self.write_value("samples_per_second", (clock.samples - self._epoch_samples) / seconds, step)
         self.flush()
 
     def on_cross_validation_end(self, index: int, logs: dict) -> None:
@@ -371,6 +376,9 @@ class TensorBoardProgressWriter(KfitCallback):
         self._intervals.epoch_start_samples += moved
         self._intervals.epoch_start_minibatches += clock.minibatches - minibatches
         self._started = False
+        # The epoch it ends was trained to the reading before: its points go there, as the run that wrote the points
+        # a resume of the file goes on from (the restart mark at the restored reading hides them, as it hides those).
+        self._ended_before_load = (clock.samples, samples)
 
     def _close(self) -> None:
         if self._writer is not None:
