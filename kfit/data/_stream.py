@@ -216,6 +216,10 @@ class SampleStream:
         #: minibatch is refused): set by ``kfit.fit`` from the engine (``distributed.pads_empty_shares``).
         self.pads_empty_shares = False
         self.position = 0
+        #: The stream position that reads the first row: positions ``[origin, origin + num_samples)`` are sweep 0.
+        #: ``kfit.fit`` moves it where an ``initial_epoch`` that is not a whole number of sweeps begins, since Keras's
+        #: ``model.fit`` reads from the first row there.
+        self.origin = 0
         self._order_cache: tuple[int, np.ndarray] | None = None
         #: ``x``, ``y`` and ``sample_weight`` are each one array or None: a minibatch is the tuple of its leaves.
         self._flat = not any(isinstance(part, (Mapping, list, tuple)) for part in self.structure)
@@ -233,6 +237,7 @@ class SampleStream:
     def indices(self, start: int, stop: int) -> np.ndarray:
         """Sample indices at stream positions ``[start, stop)``."""
         n = self.num_samples
+        start, stop = start - self.origin, stop - self.origin
         sweep, offset = divmod(start, n)
         if stop - start <= n - offset:  # within one sweep (most minibatches): a slice of its order, no copy
             if self.shuffle is not True:

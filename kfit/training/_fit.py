@@ -720,6 +720,10 @@ class _StreamFit:
             if own and size is None and o.steps_per_epoch == self.stream.num_batches:
                 epoch_size = self.stream.num_samples  # (a pass, as in model.fit: its last batch may be short)
         self.epoch_size = int(epoch_size or self.stream.num_samples)
+        if isinstance(self.stream, SampleStream) and o.epoch_size is None:
+            # Keras's epochs (steps_per_epoch): model.fit reads from the first row at `initial_epoch`, where kfit's
+            # clock (the stream's position) starts at that epoch's first sample, maybe inside a sweep.
+            self.stream.origin = o.initial_epoch * self.epoch_size % self.stream.num_samples
         self.run.epochs = 1 if o.epochs is None and o.max_samples is None else o.epochs
         self.run.max_samples = o.max_samples
         self.stop_at = min(b for b in (o.max_samples, None if self.epochs is None else self.epochs * self.epoch_size)
@@ -861,7 +865,8 @@ class _StreamFit:
         else:
             first_size = self.fixed_size or 1
         rows = max(first_size, workers)
-        x, y, sample_weight = self.read(clock.samples % max(self.stream.num_samples, 1), rows)
+        origin = getattr(self.stream, "origin", 0)
+        x, y, sample_weight = self.read(origin + (clock.samples - origin) % max(self.stream.num_samples, 1), rows)
         if self.pads and _backend.BACKEND == "tensorflow" and y is None:
             raise ValueError("pad_remainders=True on TensorFlow needs targets `y`: a padded minibatch carries sample "
                              "weights, which tf.data cannot pair with an absent y. Give y, or train without "
