@@ -22,7 +22,7 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 import numpy as np
@@ -1235,10 +1235,66 @@ def serialize_as(subclass: type, base: type) -> None:
     (``object_registration.GLOBAL_CUSTOM_NAMES``); a class in neither is named ``__name__``. ``subclass`` gets
     ``base``'s entries; the tables loading reads (name to class) are left alone, so loading gives ``base``. Without
     this, a subclass of a registered class (``kfit.optimizers.MomentumSGD``, package ``kfit``) saved as
-    ``registered_name: "MomentumSGD"``, which loading cannot find. Keras internals, checked against Keras 3.15.1."""
+    ``registered_name: "MomentumSGD"``, which loading cannot find. Keras internals, checked against Keras 3.15.1 (both
+    tables read in the source of 3.10.0 too)."""
     from keras.src import api_export
     from keras.src.saving import object_registration
 
     for table in (api_export.REGISTERED_OBJS_TO_NAMES, object_registration.GLOBAL_CUSTOM_NAMES):
         if base in table:
             table[subclass] = table[base]
+
+
+class PassCount(NamedTuple):
+    """Where the ``EpochIterator`` of an uninterrupted ``model.fit`` stood in a pass of a source of unknown length
+    read on across epochs (``steps_per_epoch``), as an epoch that a run resumes in begins (see
+    :func:`resume_pass_count`)."""
+
+    #: The steps the epoch has left (the run resumes inside it), or None (it resumes as the epoch begins).
+    steps_left: int | None
+    #: The steps Keras had counted since it made the pass's iterator, or None where it makes one now (a new pass).
+    steps_seen: int | None
+    #: The pass length Keras had learned when the first pass ended (its count as it found the end), or None.
+    num_batches: int | None
+
+
+def resume_pass_count(count: PassCount) -> Callable[[], None] | None:
+    """Puts the ``EpochIterator`` of the running ``model.fit`` where the uninterrupted run's stood in the pass read
+    (``count``), so that it finds the pass's end and learns the pass length as that run's did: Keras counts a pass's
+    steps from the iterator it makes (``_steps_seen``) and, where the source's length is unknown, takes its count as a
+    pass's end is found for the length of every pass (``_num_batches``, ``catch_stop_iteration``); a resumed run's
+    Keras made its iterator at the resume. Called from the adapter's ``on_epoch_begin``, which
+    ``EpochIterator._enumerate_iterator`` calls right before it reads ``steps_per_epoch`` and makes the iterator
+    where it has none: the iterator is made here, as it makes it (``_get_iterator``), and its count set. The epoch a run
+    resumes inside runs the steps it has left: ``steps_per_epoch`` is that many for this epoch (Keras's loop ends the
+    epoch after them and goes on in the same pass, as at any epoch's end); returns what puts it back, to be called as
+    the next epoch begins (None when unchanged). Keras internal (``_current_iterator``, ``_steps_seen``,
+    ``_num_batches``, ``steps_per_epoch``, ``_get_iterator``), checked against Keras 3.10-3.15 (the source of
+    3.10.0, 3.11.3, 3.12.4, 3.13.2, 3.14.0; run on 3.10.0 and 3.15.1)."""
+    owner = _running_epoch_iterator()
+    if owner is None or not all(hasattr(owner, name) for name in ("_current_iterator", "_steps_seen", "_num_batches")):
+        return None
+    owner._num_batches = count.num_batches
+    if count.steps_seen is not None:
+        if owner._current_iterator is None:
+            owner._current_iterator = iter(owner._get_iterator())
+        owner._steps_seen = count.steps_seen
+    if count.steps_left is None:
+        return None
+    steps_per_epoch, owner.steps_per_epoch = owner.steps_per_epoch, count.steps_left
+
+    def put_back() -> None:
+        owner.steps_per_epoch = steps_per_epoch
+
+    return put_back
+
+
+def epoch_iterator_reads_on() -> bool:
+    """True when the ``EpochIterator`` of the running ``model.fit``, whose adapter's ``on_epoch_begin`` calls us, holds
+    the iterator of the pass it reads and reads on in it in the epoch beginning (``steps_per_epoch`` given): it drops
+    it only as it finds the pass ended (``catch_stop_iteration``), so a pass whose last batch ended the last epoch,
+    which kfit's reader (or Keras's JAX loop, reading ahead) has found ended, is one whose end Keras has still to find.
+    Keras internal (``_current_iterator``, ``steps_per_epoch``), checked against Keras 3.10-3.15 (the source of
+    3.10.0, 3.11.3, 3.12.4, 3.13.2, 3.14.0; run on 3.10.0 and 3.15.1)."""
+    owner = _running_epoch_iterator()
+    return owner is not None and owner.steps_per_epoch is not None and owner._current_iterator is not None

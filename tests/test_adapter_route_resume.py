@@ -10,15 +10,20 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+import torch
 from helpers import assert_same_weights, mlp, regression_data
 
 import kfit
+from kfit.data import _source
 
 X, Y = regression_data(50)  # 7 batches of 8 a pass, the last of 2 rows
 INEXACT = ("resume is not exact", "resume may not be exact")
 
 
 class _CrashAtStep(keras.callbacks.Callback):
+    """Crashes as the step after ``step`` trained steps begins (Keras's try of a step past a pass's end, which trains
+    nothing, counts none)."""
+
     def __init__(self, step):
         super().__init__()
         self.step, self.steps = step, 0
@@ -26,6 +31,8 @@ class _CrashAtStep(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if self.steps == self.step:
             raise RuntimeError("crash")
+
+    def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
 
 
@@ -120,23 +127,86 @@ def test_a_finite_generator_read_on_across_epochs_resumes_to_model_fit(tmp_path)
     _resumes_to_model_fit(tmp_path, _batches, 3, 3, (2, 3, 5, 6))
 
 
-def test_a_tf_data_pipeline_of_unknown_length_read_on_across_epochs_says_at_resume_that_it_may_not_be_exact(tmp_path):
-    """A ``tf.data`` pipeline of unknown cardinality (``filter``: 7 batches a pass), ``steps_per_epoch=3``: Keras
-    finds a pass's end only by reading past it, then takes the steps its iterator had counted for the length of every
-    pass. A resumed run's Keras began counting at the resume, so after the pass ends its epochs are cut elsewhere: the
-    History differed from model.fit's (resumed two steps in: epochs of 3, 3, 1, 3, 2, 2 steps, not 3, 3, 1, 3, 3, 1),
-    and the weights too once later passes were cut short, with nothing said. It now says once that it may not be
-    exact. The same pipeline given its length (``assert_cardinality``, as the warning advises) resumes exactly."""
-    def unknown():
-        return tf.data.Dataset.from_tensor_slices((X, Y)).batch(8).filter(lambda x, y: True)
+def _unknown_length(batches=7):
+    """The first ``batches`` batches of 8 of X, Y, as a ``tf.data`` pipeline of unknown cardinality (``filter``)."""
+    return tf.data.Dataset.from_tensor_slices((X, Y)).batch(8).take(batches).filter(lambda x, y: True)
 
-    said = _said_at_resume(tmp_path, unknown, 6, 3, 2)
-    assert len(said) == 1
-    assert "length Keras does not know" in said[0] and "assert_cardinality" in said[0]
-    _resumes_to_model_fit(tmp_path, lambda: unknown().apply(tf.data.experimental.assert_cardinality(7)), 6, 3, (2, 8))
+
+class _Batches(torch.utils.data.IterableDataset):
+    """X, Y in batches of 8, with no ``__len__``: Keras does not know a DataLoader's length over it."""
+
+    def __iter__(self):
+        yield from _batches()
+
+
+def test_a_tf_data_pipeline_of_unknown_length_read_on_across_epochs_resumes_to_model_fit(tmp_path):
+    """A ``tf.data`` pipeline of unknown cardinality (7 batches a pass), ``steps_per_epoch=3``: Keras finds a pass's end
+    only by trying a step past it, and takes the steps its iterator had counted since it made it (7, and the try) for
+    the length of every later pass. A resumed run's Keras made its iterator at the resume: it counted from there and
+    cut the later epochs elsewhere (resumed two steps in, epochs of 3, 3, 1, 3, 2, 2 steps, not model.fit's 3, 3, 1, 3,
+    3, 1; other weights), and kfit only warned that the resume may not be exact. The checkpoint now holds the pass
+    length once kfit's reader has found the first pass ended, and the resumed run's Keras counts the pass from where
+    the uninterrupted run's stood: runs crashed in the first pass (2 steps in, and 6: an epoch's end), at its end (7),
+    and in the passes after (8, 10, 13) resume to model.fit, History and weights, with nothing said. The pipeline given
+    its length (``assert_cardinality``) and an endless one resume exactly too."""
+    _resumes_to_model_fit(tmp_path, _unknown_length, 6, 3, (2, 6, 7, 8, 10, 13))
+    (tmp_path / "known").mkdir()
+    known = lambda: _unknown_length().apply(tf.data.experimental.assert_cardinality(7))  # noqa: E731
+    _resumes_to_model_fit(tmp_path / "known", known, 6, 3, (2, 8))
     endless = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8).repeat()  # (no pass ends: nothing to say)
     (tmp_path / "endless").mkdir()
     assert _said_at_resume(tmp_path / "endless", lambda: endless, 3, 4, 5) == []
+
+
+def test_a_data_loader_without_a_length_read_on_across_epochs_resumes_to_model_fit(tmp_path):
+    """A torch ``DataLoader`` over an ``IterableDataset`` with no ``__len__`` (7 batches a pass), ``steps_per_epoch=3``:
+    as for ``tf.data`` of unknown cardinality, Keras learns the pass length as the first pass ends. The checkpoint also
+    holds where the pass began (a DataLoader's pass is reopened, not read from the run's start): the pass length kfit
+    saves gives the resumed run's Keras its count. Crashed in the first pass, at its end and after, it resumes to
+    model.fit (it warned, and its History and weights differed, before)."""
+    _resumes_to_model_fit(tmp_path, lambda: torch.utils.data.DataLoader(_Batches(), batch_size=None), 6, 3,
+                          (2, 7, 10))
+
+
+def test_a_pass_of_unknown_length_that_ends_an_epoch_resumes_exactly_except_at_that_end(tmp_path):
+    """Passes of 6 batches, ``steps_per_epoch=3``: the pass's last batch ends an epoch, and Keras finds the pass ended
+    only in the next epoch, which trains no step (its History entry comes from the logs of the fit call's earlier
+    steps: ``loss`` 0.0 on TensorFlow, the last epoch's on JAX, none on PyTorch). Resumed anywhere else (2, 5, 7, 10
+    steps in) the run is model.fit's. Resumed from a checkpoint written at such a pass's end (6 and 12 steps in), a new
+    fit call cannot make that epoch (on JAX it failed, its logs unset): the run resumes with the epoch after it, trains
+    model.fit's weights, and says once that its History lacks that epoch."""
+    data = functools.partial(_unknown_length, 6)
+    _resumes_to_model_fit(tmp_path, data, 7, 3, (2, 5, 7, 10))
+    expected, expected_history, _ = _train("model.fit", data, 7, 3)
+    for crash_at, empty_epoch in ((6, 2), (12, 5)):
+        (tmp_path / str(crash_at)).mkdir()
+        path = tmp_path / str(crash_at) / "run.ckpt"
+        with pytest.raises(RuntimeError, match="crash"):
+            _train("kfit.fit", data, 7, 3, path, crash_at)
+        resumed, history, said = _train("kfit.fit", data, 7, 3, path)
+        assert len(said) == 1 and "History lacks that one epoch" in said[0]
+        assert_same_weights(expected, resumed)
+        assert history.epoch == [e for e in expected_history.epoch if e != empty_epoch]
+
+
+def test_a_checkpoint_without_the_pass_length_says_at_resume_that_it_may_not_be_exact(tmp_path, monkeypatch):
+    """A checkpoint written by a kfit that did not save the pass length (no ``pass_batches`` in the source's state)
+    still loads; its resume says once that it may not be exact, and why."""
+    get_state = _source.SourceAdapter.get_state
+
+    def without_pass_length(self):
+        state = get_state(self)
+        state = {k: v for k, v in (state or {}).items() if k != "pass_batches"}
+        return state if set(state) - {"kind"} else None
+
+    path = tmp_path / "run.ckpt"
+    with monkeypatch.context() as older_kfit:
+        older_kfit.setattr(_source.SourceAdapter, "get_state", without_pass_length)
+        with pytest.raises(RuntimeError, match="crash"):
+            _train("kfit.fit", _unknown_length, 6, 3, path, 8)
+    said = _train("kfit.fit", _unknown_length, 6, 3, path)[2]
+    assert len(said) == 1
+    assert "did not save how long the passes are" in said[0]
 
 
 # -- a PyDataset's epoch hooks that do nothing ---------------------------------------------------------------------

@@ -111,8 +111,9 @@ META: Spec = record({
     "clock": optional(record({"samples": COUNT, "minibatches": COUNT},
                              {"epoch_size": optional(COUNT), "minibatch_size": optional(COUNT),
                               "epoch_start": optional(list_of(COUNT))})),
+    # (a source whose passes' length Keras learns: "pass_batches", that length once known; older files: none)
     "stream": optional(record({}, {"position": COUNT, "seed": optional(INT), "shuffle": SHUFFLE,
-                                   "num_samples": optional(COUNT), "kind": STR})),
+                                   "num_samples": optional(COUNT), "kind": STR, "pass_batches": optional(COUNT)})),
     "callbacks": dict_of(ANY),
     "history": optional(record({"epoch": list_of(ANY), "history": dict_of(list_of(ANY))},
                                {"partial": BOOL, "partial_keys": list_of(STR)})),

@@ -12,9 +12,13 @@ epochs (``steps_per_epoch``), Keras's epochs end early where a pass ends: the ru
 (:attr:`kfit.Clock.epoch_start`), and a ``PyDataset``'s ``on_epoch_begin`` and ``on_epoch_end`` are called for each
 epoch the resumed run skips, as Keras's adapter called them (on TensorFlow, whose ``tf.data`` reads a varying number
 of batches ahead of those calls, a dataset that changes its rows there cannot resume exactly: ``kfit.fit`` says so;
-hooks whose body only returns None are not counted). Two more may not resume exactly, and say so as they resume: a
-``PyDataset`` with workers that Keras shuffles (its queue loses whole epochs' orders, as timing has it), and a source
-of unknown length that restarts (Keras learns its passes' length counting from where its iterator began).
+hooks whose body only returns None are not counted). A ``PyDataset`` with workers that Keras shuffles may not resume
+exactly, and says so as it resumes (its queue loses whole epochs' orders, as timing has it). A source of unknown length
+that restarts (``tf.data`` of unknown cardinality, Grain, a DataLoader without a length), whose passes' length Keras
+learns as the first ends, counting the steps since it made its iterator: the checkpoint holds that length once kfit's
+reader has found it, and a resumed run's Keras counts the pass from where the uninterrupted run's stood. Only a
+checkpoint written as a pass ends at an epoch's end (``steps_per_epoch`` divides the pass) resumes with a History
+that lacks one epoch, the one that trains no step where Keras finds that pass ended; it says so.
 
 A ``tf.data`` pipeline read from its start at every epoch also has a state of its own: the
 checkpoint holds its iterator's state as the epoch's pass began (its shuffle order and random state, as
@@ -60,14 +64,17 @@ def batch_size_of(batch: Any) -> int:
 class _ReadAhead:
     """Iterates ``source`` one batch ahead, recording the size of every batch it has read; ends after
     ``limit`` batches when one is given. ``hold(index)`` True: the batch of that index (from 0) is not read ahead,
-    only when :meth:`release` is called or it is asked for. ``on_read(size)`` is told the size of each batch read."""
+    only when :meth:`release` is called or it is asked for. ``on_read(size)`` is told the size of each batch read,
+    ``on_end()`` when the source ends."""
 
     def __init__(self, source: Iterator[Any], limit: int | None = None,
-                 hold: Callable[[int], bool] | None = None, on_read: Callable[[int], None] | None = None):
+                 hold: Callable[[int], bool] | None = None, on_read: Callable[[int], None] | None = None,
+                 on_end: Callable[[], None] | None = None):
         self._source = source
         self._limit = limit
         self._hold = hold
         self._on_read = on_read
+        self._on_end = on_end
         self.sizes: list[int] = []
         self._next: Any = None
         self.done = False
@@ -99,6 +106,8 @@ class _ReadAhead:
             batch = next(self._source)
         except StopIteration:
             self.done, self.exhausted, self._next = True, True, None
+            if self._on_end is not None:
+                self._on_end()
             return
         size = batch_size_of(batch)
         self.sizes.append(size)
@@ -247,6 +256,20 @@ class SourceAdapter(_backend.DataAdapter):
         self._pass_ends_in_a_call = False
         #: The checkpoint resumed from was saved at a pass's end before that call (see :meth:`get_state`).
         self._owes_pass_end_call = False
+        #: Read on across epochs from a source of unknown length read from its start at each pass (Keras learns its
+        #: passes' length when its first pass ends, see :attr:`_learns_pass_length`): the batches of a pass, once kfit's
+        #: reader has found the first pass ended (None before), and the batches read of the pass now open.
+        self.pass_batches: int | None = None
+        self._in_pass = 0
+        self._learns: bool | None = None  # (see _learns_pass_length)
+        #: The checkpoint resumed from said what it knew of the pass length (``pass_batches``: a file written before
+        #: kfit saved it does not).
+        self._restored_pass_length = False
+        #: For the epoch a run resumes in on such a source: Keras's count of the pass, as the uninterrupted run's
+        #: ``EpochIterator`` held it (see :meth:`_resume_count` and :func:`_backend.resume_pass_count`).
+        self._keras_count: _backend.PassCount | None = None
+        #: The ``steps_per_epoch`` to put back into Keras's ``EpochIterator`` as the epoch after a resumed one begins.
+        self._epoch_steps_back: Callable[[], None] | None = None
 
     @property
     def num_batches(self) -> int | None:
@@ -276,6 +299,9 @@ class SourceAdapter(_backend.DataAdapter):
 
     def on_epoch_begin(self) -> None:
         self.inner.on_epoch_begin()
+        if self._epoch_steps_back is not None:  # (the epoch after one a run resumed inside)
+            self._epoch_steps_back()
+            self._epoch_steps_back = None
         current = self._current
         if current is not None:
             current.release()  # (the epoch's first batch, held back at the last one's end: the clock sizes its step)
@@ -284,7 +310,11 @@ class SourceAdapter(_backend.DataAdapter):
             # Keras must not take its length for the source's.
             _backend.set_epoch_batches(self.inner.num_batches)
             self._resumed_pass = False
-        if not self.continues or self.ended_before(self.steps):
+        # A pass of a length Keras learns whose last batch ended the last epoch: Keras still holds it, and finds it
+        # ended in this epoch, which trains no step (the next epoch opens the next pass).
+        held = (current is not None and current.exhausted and self._learns_pass_length
+                and _backend.epoch_iterator_reads_on())
+        if not self.continues or (self.ended_before(self.steps) and not held):
             # Keras opens a new pass for this epoch (on TensorFlow, lazily, once the first step runs), or, after
             # the steps a resumed epoch had left, reads on in the same pass. (Not before every batch read has been
             # trained: where Keras's JAX loop reads batches ahead, the pass's last one is still to train.)
@@ -312,6 +342,11 @@ class SourceAdapter(_backend.DataAdapter):
         elif self._rest_pass is not None:  # that pass has ended: Keras counts the source's own length again
             _backend.set_epoch_batches(self.inner.num_batches)
             self._resumed_pass, self._pass_rest, self._rest_pass = False, None, None
+        if self._keras_count is not None:
+            # The epoch a run resumes in, on a source whose passes' length Keras learns: its loop counts the pass from
+            # where the uninterrupted run's stood, and runs the steps the epoch has left.
+            count, self._keras_count = self._keras_count, None
+            self._epoch_steps_back = _backend.resume_pass_count(count)
 
     def on_epoch_end(self) -> None:
         self.inner.on_epoch_end()
@@ -368,15 +403,36 @@ class SourceAdapter(_backend.DataAdapter):
     def position(self, steps: int) -> tuple[int, int]:
         """Keras's ``(epoch, step in epoch)`` after ``steps`` steps read on across epochs (``steps_per_epoch``
         given): an epoch is :attr:`epoch_steps` steps, cut short where a pass of known length ends (Keras's
-        ``EpochIterator`` opens the next pass with the next epoch)."""
-        per_epoch, per_pass = self.epoch_steps, self.inner.num_batches
+        ``EpochIterator`` opens the next pass with the next epoch), or of the length kfit learned (``pass_batches``:
+        Keras finds such a pass's end by one more step, which ends the epoch it falls in)."""
+        per_epoch, per_pass = self.epoch_steps, self._per_pass
         if not per_epoch:
             raise ValueError("position() needs steps_per_epoch")
         if not per_pass:
             return divmod(steps, per_epoch)
         passes, in_pass = divmod(steps, per_pass)
         epoch, step = divmod(in_pass, per_epoch)
-        return passes * math.ceil(per_pass / per_epoch) + epoch, step
+        if self.inner.num_batches:
+            return passes * math.ceil(per_pass / per_epoch) + epoch, step
+        # A length Keras learns: it finds a pass's end by one more step, in the epoch after a last batch that ends an
+        # epoch (an epoch of no step: the next pass begins the epoch after it).
+        return passes * (per_pass // per_epoch + 1) + epoch, step
+
+    @property
+    def _per_pass(self) -> int | None:
+        """The batches of a pass: Keras's adapter's, or the length kfit learned (:attr:`pass_batches`)."""
+        return self.inner.num_batches or self.pass_batches
+
+    @property
+    def _learns_pass_length(self) -> bool:
+        """True for a source of unknown length read from its start at every pass and read on across epochs
+        (``steps_per_epoch``): Keras's ``EpochIterator`` learns the passes' length when the first one ends, counting
+        the steps since it made its iterator (not an endless one: no pass ends)."""
+        if not (self.restarts and self.steps_per_epoch is not None and not self.inner.num_batches):
+            return False
+        if self._learns is None:
+            self._learns = not self._endless
+        return self._learns
 
     def resume(self, samples_in_epoch: int, samples: int, steps_in_epoch: int) -> int:
         """Positions the source for a run resumed mid-run; returns the samples it will drop.
@@ -400,11 +456,57 @@ class SourceAdapter(_backend.DataAdapter):
             # whose random state the next pass follows.
             self._reopen = (restored, samples_in_epoch == 0)
             self.reopens = True
-        if self.steps_per_epoch is not None and steps_in_epoch:
+        if self._counts_pass_on_resume:
+            if self.pass_batches is None and not steps_in_epoch and samples:
+                self._find_first_pass_end()
+            # Keras's loop is put where the uninterrupted run's stood in the pass (see _resume_count): it runs the
+            # steps the epoch has left and finds the pass's end itself.
+            self._keras_count = self._resume_count(steps_in_epoch)
+        elif self.steps_per_epoch is not None and steps_in_epoch:
             self._limit = self.epoch_steps - steps_in_epoch
         for caveat in self._inexact_resume():
             warnings.warn(caveat, stacklevel=2)
         return self._skip
+
+    @property
+    def _counts_pass_on_resume(self) -> bool:
+        """True when a resumed run puts Keras's count of the pass where the uninterrupted run's stood (see
+        :meth:`_resume_count`): on a source whose passes' length Keras learns, from a checkpoint that holds what kfit
+        knew of that length, one step per call of the train function (with several, a call that finds a pass's end
+        trains the batches it read or not as the backend's loop has it: not followed)."""
+        per_call = self.driver.per_call if self.driver is not None else 1
+        return self._learns_pass_length and self._restored_pass_length and per_call == 1
+
+    def _find_first_pass_end(self) -> None:
+        """A run resumed at an epoch's end in the first pass of a source whose passes' length Keras learns, from a
+        checkpoint that did not know whether that pass ended there (on JAX and PyTorch kfit's reader reads no batch
+        across an epoch's end before the next epoch begins): the pass is opened and read up to there now, and one batch
+        more. Where the pass ended, Keras's uninterrupted loop went on with an epoch of no step (see
+        :data:`PASS_END_EPOCH_RESUME`): the run resumes with the epoch after it, on the next pass."""
+        self._prepared = self._open(self._passes, beginning=True)
+        if self.pass_batches is None:
+            return
+        from kfit.clock import get_clock
+
+        model = self.driver.model
+        _backend.set_initial_epoch(model, (_backend.initial_epoch(model) or 0) + 1)
+        clock = get_clock(model)
+        if clock is not None and clock.epoch_start is not None:
+            clock.epoch_start = (clock.epoch_start[0] + 1, clock.epoch_start[1])
+
+    def _resume_count(self, steps_in_epoch: int) -> _backend.PassCount:
+        """Where the uninterrupted run's Keras stood in the pass the run resumes in (on a source whose passes' length
+        it learns), from the steps trained since the run began (``first_step``) and the pass length kfit learned
+        (``pass_batches``, None in the first pass): the steps Keras had counted since it made the pass's iterator (its
+        calls of ``steps_per_execution`` steps each), none where the run resumes as a pass begins; and, once the first
+        pass ended, the count it took for the pass length: the steps of the call that found the end included."""
+        per_call = self.driver.per_call if self.driver is not None else 1
+        length = self.pass_batches
+        passes, in_pass = divmod(self.first_step, length) if length else (0, self.first_step)
+        return _backend.PassCount(
+            steps_left=self.epoch_steps - steps_in_epoch if steps_in_epoch else None,
+            steps_seen=-(-in_pass // per_call) * per_call if in_pass else None,
+            num_batches=(length // per_call + 1) * per_call if length and passes else None)
 
     def _inexact_resume(self) -> list[str]:
         """What keeps a resume on this source from reproducing the uninterrupted run, said once as it resumes."""
@@ -414,8 +516,14 @@ class SourceAdapter(_backend.DataAdapter):
         if (self._pydataset is not None and self.inner.num_batches and getattr(self.inner, "shuffle", False)
                 and getattr(self.inner, "enqueuer", None) is not None):
             caveats.append(PYDATASET_WORKERS_SHUFFLE_RESUME)
-        if self.restarts and not self.inner.num_batches and not self._endless:
+        if self._learns_pass_length and not self._restored_pass_length:
             caveats.append(UNKNOWN_LENGTH_RESUME)
+        elif self._learns_pass_length and not self._counts_pass_on_resume:
+            caveats.append(UNKNOWN_LENGTH_MULTI_STEP_RESUME)
+        length = self.pass_batches
+        if self._counts_pass_on_resume and length and length % self.epoch_steps == 0 and self.first_step \
+                and self.first_step % length == 0:
+            caveats.append(PASS_END_EPOCH_RESUME)
         return caveats
 
     @property
@@ -462,6 +570,7 @@ class SourceAdapter(_backend.DataAdapter):
 
     def _new_pass(self) -> None:
         self._passes_opened += 1
+        self._in_pass = 0
         reopen, self._reopen = self._reopen, None
         peeked, self._peeked = self._peeked, None
         if reopen is None and peeked is not None:  # the pass peek() began: read from its start
@@ -539,6 +648,17 @@ class SourceAdapter(_backend.DataAdapter):
         self._pass_state = _generator_states(generators)
         return iter(self._passes())
 
+    def _read_one(self, size: int) -> None:
+        """Counts a batch kfit's reader read from the pass now open."""
+        self._in_pass += 1
+        if self.continues and self._saves_draws:
+            self._count_read(size)
+
+    def _pass_ended(self) -> None:
+        """The pass now open ended: the first such pass of a source whose passes' length Keras learns gives it."""
+        if self.pass_batches is None and self._in_pass and self._learns_pass_length:
+            self.pass_batches = self._in_pass
+
     def _count_read(self, size: int) -> None:
         """Counts a batch read from the source (a pass read on across epochs begins where the samples read before
         it end: nothing read is left untrained there)."""
@@ -563,8 +683,9 @@ class SourceAdapter(_backend.DataAdapter):
     def get_state(self) -> dict[str, Any] | None:
         """What a checkpoint saves of the source: the state of a ``tf.data`` iterator as the last pass opened began
         (a DataLoader's: of its random generators), and ``pass_end_call`` True when the run stands at a pass's end
-        that Keras's TensorFlow loop has not yet found by its one more call (see :meth:`_pass_end_call_due`); None
-        for a source with neither (it skips ahead)."""
+        that Keras's TensorFlow loop has not yet found by its one more call (see :meth:`_pass_end_call_due`), and for a
+        source whose passes' length Keras learns (:attr:`_learns_pass_length`) ``pass_batches``, that length once kfit
+        has found the first pass ended (None before); None for a source with none of these (it skips ahead)."""
         state: dict[str, Any] | None = None
         if self._pass_state is not None and self._saves_draws:
             now = self._pass_end_states
@@ -576,6 +697,8 @@ class SourceAdapter(_backend.DataAdapter):
             state = {"kind": "tf.data", "iterator": self._pass_state}
         if self._pass_end_call_due():
             state = {"kind": self.state_kind, **(state or {}), "pass_end_call": True}
+        if self._learns_pass_length:
+            state = {"kind": self.state_kind, **(state or {}), "pass_batches": self.pass_batches}
         return state
 
     def _pass_end_call_due(self) -> bool:
@@ -592,6 +715,8 @@ class SourceAdapter(_backend.DataAdapter):
         checkpoint was saved at (TensorFlow runs it in part: it counts an optimizer iteration, as Adam's bias
         correction reads, and advances the seed generators). True when one was owed and made."""
         owed, self._owes_pass_end_call = self._owes_pass_end_call, False
+        if self._keras_count is not None and self._keras_count.steps_seen is not None:
+            return False  # Keras's loop holds the pass as the run resumes: it makes that call as it finds the end
         if not owed or _backend.BACKEND != "tensorflow" or self._signature is None or self.driver is None:
             return False
         self._call_past_the_pass_end()
@@ -600,7 +725,10 @@ class SourceAdapter(_backend.DataAdapter):
     def set_state(self, state: dict[str, Any] | None) -> None:
         """Keeps a state from :meth:`get_state` for :meth:`resume`."""
         self._owes_pass_end_call = bool(state and state.get("pass_end_call"))
-        if state is None or set(state) <= {"kind", "pass_end_call"}:
+        self._restored_pass_length = bool(state) and "pass_batches" in state
+        if self._restored_pass_length:
+            self.pass_batches = None if state["pass_batches"] is None else int(state["pass_batches"])
+        if state is None or set(state) <= {"kind", "pass_end_call", "pass_batches"}:
             self._restored_pass = None
             return
         generators = self._generators()
@@ -628,8 +756,10 @@ class SourceAdapter(_backend.DataAdapter):
                 size = batch_size_of(next(self._underlying))
                 dropped += size
                 self._count_read(size)
+                self._in_pass += 1
                 empty_passes, batches = 0, batches + 1
             except StopIteration:
+                self._pass_ended()
                 empty_passes += 1
                 if not self.restarts or empty_passes > 1:
                     raise ValueError(f"The data source ran out after {dropped} samples while kfit skipped the "
@@ -681,13 +811,15 @@ class SourceAdapter(_backend.DataAdapter):
         self._steps_at_open = self.steps + int(driver is not None and driver.pending is not None and driver.pending_known)
         length = self.inner.num_batches if self._reads_to_length else None
         hold = (lambda index: self._epoch_begins_at(index, beginning)) if self._holds_epoch_ends else None
-        counts = self._count_read if self.continues and self._saves_draws else None
-        self._current = _ReadAhead(self._underlying, limit if length is None else length - dropped_batches, hold, counts)
+        counts, ended = self._read_one, self._pass_ended
+        self._current = _ReadAhead(self._underlying, limit if length is None else length - dropped_batches, hold, counts,
+                                   ended)
         if skipped and self.restarts and (self._current.exhausted or length == dropped_batches) \
-                and not self._current.sizes:
-            # The samples dropped ended a pass: the resumed epoch begins with the next pass, as it did.
+                and not self._current.sizes and not (self._keras_count and self._keras_count.steps_seen is not None):
+            # The samples dropped ended a pass: the resumed epoch begins with the next pass, as it did. (Not where
+            # Keras still holds that pass as the run resumes, its end still to find: it finds it, as it did.)
             self._new_pass()
-            self._current = _ReadAhead(self._underlying, limit if length is None else length, hold, counts)
+            self._current = _ReadAhead(self._underlying, limit if length is None else length, hold, counts, ended)
         return self._current
 
     def _epoch_begins_at(self, index: int, beginning: bool) -> bool:
@@ -699,7 +831,7 @@ class SourceAdapter(_backend.DataAdapter):
         if index < ahead or (index == ahead and beginning):
             return False
         step = self.first_step + self._steps_at_open + index - ahead
-        if index > ahead and self.inner.num_batches and step % self.inner.num_batches == 0:
+        if index > ahead and self._per_pass and step % self._per_pass == 0:
             return False  # past the pass's end: reading finds it ended (Keras opens the next pass as the epoch ends)
         return self.position(step)[1] == 0
 
@@ -827,13 +959,33 @@ PYDATASET_WORKERS_SHUFFLE_RESUME = (
 )
 
 UNKNOWN_LENGTH_RESUME = (
-    "This resume may not be exact: with steps_per_epoch, a source whose length Keras does not know (a tf.data "
-    "pipeline of unknown cardinality, a Grain dataset, a DataLoader without a length) is read on across epochs, and "
-    "Keras learns where a pass ends when its first pass ends, counting the steps since it began reading: a resumed "
-    "run's Keras counts them from the resume, so once a pass ends its epochs (the History) and the steps it trains "
-    "differ from the uninterrupted run's. For an exact resume give the source its length (tf.data: "
-    "dataset.apply(tf.data.experimental.assert_cardinality(batches))), make it endless (repeat()), or leave out "
-    "steps_per_epoch."
+    "This resume may not be exact: the checkpoint was written by a kfit that did not save how long the passes are of "
+    "this source whose length Keras does not know (a tf.data pipeline of unknown cardinality, a Grain dataset, a "
+    "DataLoader without a length), read on across epochs (steps_per_epoch). Keras learns where a pass ends when its "
+    "first pass ends, counting the steps since it began reading: a resumed run's Keras counts them from the resume, "
+    "so once a pass ends its epochs (the History) and the steps it trains may differ from the uninterrupted run's. "
+    "Checkpoints written from now on resume exactly."
+)
+
+UNKNOWN_LENGTH_MULTI_STEP_RESUME = (
+    "This resume may not be exact: with compile(steps_per_execution=N) for N > 1, a source whose length Keras does not "
+    "know (a tf.data pipeline of unknown cardinality, a Grain dataset, a DataLoader without a length), read on across "
+    "epochs (steps_per_epoch), is read in calls of N steps, and the call that finds a pass's end trains the batches "
+    "it read before it or not as the backend's loop has it: kfit does not put a resumed run's Keras where the "
+    "uninterrupted run's stood in the pass, so once a pass ends its epochs (the History) and the steps it trains may "
+    "differ from the uninterrupted run's. For an exact resume use steps_per_execution=1, give the source its length "
+    "(tf.data: dataset.apply(tf.data.experimental.assert_cardinality(batches))) or make it endless (repeat())."
+)
+
+PASS_END_EPOCH_RESUME = (
+    "This resume is not exact in its History: the checkpoint was written as a pass ended at the end of an epoch (the "
+    "passes of this source of unknown length hold a whole number of epochs: steps_per_epoch divides their batches). "
+    "There Keras's uninterrupted loop went on with an epoch that trains no step, the one in which it finds the pass "
+    "ended, and whose History entry it takes from the logs of steps trained earlier in the same fit call, which a "
+    "resumed run has not trained. kfit resumes with the epoch after it: the weights and every later epoch are the "
+    "uninterrupted run's, and the History lacks that one epoch. Checkpoints written anywhere else resume exactly; so "
+    "do all with a steps_per_epoch that does not divide the pass, or a source of known length (tf.data: "
+    "dataset.apply(tf.data.experimental.assert_cardinality(batches)))."
 )
 
 
@@ -886,6 +1038,8 @@ class SourceDriver(StepDriver):
         self.per_call = _backend.steps_per_execution(model)
         #: The pending step's size was read from its batch (not assumed).
         self.pending_known = False
+        #: Keras's epoch after the last step counted (read on across epochs, see :meth:`count`).
+        self._epoch: int | None = None
         adapter.driver = self
 
     def sizes(self, clock: Any, batch: int) -> list[int] | None:
@@ -900,6 +1054,7 @@ class SourceDriver(StepDriver):
 
     def count(self, clock: Any, sizes: list[int]) -> None:
         adapter = self.adapter
+        before = (clock.samples, clock.minibatches)
         actual = adapter.size_of_step(adapter.steps)
         if actual is None and adapter.ended_before(adapter.steps):
             return  # Keras asked for a step, and the pass had ended: nothing was trained
@@ -914,5 +1069,12 @@ class SourceDriver(StepDriver):
             adapter.steps += len(ran)
         if clock.epoch_size is None:  # (the first epoch only: this runs at every step)
             self.adapter.learn_epoch_size(clock)
-        if clock.epoch_start is not None and adapter.position(clock.minibatches)[1] == 0:
-            clock.epoch_start = (clock.epoch_start[0] + 1, clock.samples)  # the step ended one of Keras's epochs
+        if clock.epoch_start is not None:
+            # (Keras's epoch after the last count, as found then: a pass length learned since moves the epochs after)
+            was = self._epoch if self._epoch is not None else adapter.position(before[1])[0]
+            epoch, step = adapter.position(clock.minibatches)
+            self._epoch = epoch
+            if epoch > was:
+                # The steps ended one of Keras's epochs (step 0 of the next), or began one after an epoch of no step
+                # (where Keras found the end of a pass whose last batch had ended an epoch).
+                clock.epoch_start = (clock.epoch_start[0] + epoch - was, clock.samples if step == 0 else before[0])
