@@ -404,13 +404,15 @@ class StepDriver:
 
 
 def apply_minibatch_size(model: Any, size: int) -> None:
-    """Tells an optimizer that keeps a ``minibatch_size`` variable (kfit's MomentumSGD) the new size."""
+    """Tells an optimizer that keeps a ``minibatch_size`` variable (kfit's MomentumSGD, CNTK's Adam) the samples of
+    its next update: ``size`` times Keras's ``gradient_accumulation_steps`` (an update averages that many
+    minibatches), as the schedules count them."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return
     from kfit import _backend
-    from kfit.optimizers import minibatch_size_variable
+    from kfit.optimizers._hyperparameters import gradient_accumulation_steps, minibatch_size_variable
 
     variable = minibatch_size_variable(optimizer)
     if variable is not None:
-        _backend.set_variable(model, variable, float(size))
+        _backend.set_variable(model, variable, float(size * gradient_accumulation_steps(optimizer)))

@@ -165,16 +165,21 @@ def test_a_keras_callback_reads_the_rate_a_schedule_set_for_the_step(loop):
     assert seen == pytest.approx([0.16, 0.16, 0.016, 0.016, 0.016, 0.016])
 
 
+@pytest.mark.parametrize("optimizer", ["MomentumSGD", "Adam(variant='cntk')"])
 @pytest.mark.parametrize("loop", ["model.fit", "kfit.fit"])
-def test_gradient_accumulation_counts_every_sample_of_an_update(loop):
+def test_gradient_accumulation_counts_every_sample_of_an_update(loop, optimizer):
     """With Keras's ``gradient_accumulation_steps=2`` an update averages two minibatches of 8: a per-sample rate and
     a momentum time constant are converted for its 16 samples, so training matches minibatches of 16 without
-    accumulation (a schedule means the same whatever the minibatch; before, the rate was half)."""
+    accumulation (a schedule means the same whatever the minibatch; before, the rate was half). CNTK's Adam, whose
+    update reads the minibatch size, is told the update's 16 too (before, its steps were twice CNTK's)."""
     x, y = regression_data(64)
     results = []
     for size, accumulation in ((16, None), (8, 2)):
         model = mlp()
-        model.compile(optimizer=kfit.optimizers.MomentumSGD(gradient_accumulation_steps=accumulation), loss="mse")
+        model.compile(optimizer=kfit.optimizers.MomentumSGD(gradient_accumulation_steps=accumulation)
+                      if optimizer == "MomentumSGD" else
+                      kfit.optimizers.Adam(variant="cntk", beta_2=0.999, beta_2_minibatch_size=1,
+                                           gradient_accumulation_steps=accumulation), loss="mse")
         callbacks = [kfit.callbacks.LearningRateSchedule(kfit.schedules.learning_rate_per_sample([0.004, 0.001], epoch_size=32)),
                      kfit.callbacks.MomentumSchedule(kfit.schedules.momentum_as_time_constant([40, 100], epoch_size=32))]
         if loop == "model.fit":

@@ -12,7 +12,7 @@ from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._model_fit import FitDriver, wake
 from kfit.callbacks._running_means import is_cut
 from kfit.clock import Clock
-from kfit.optimizers._hyperparameters import unwrapped
+from kfit.optimizers._hyperparameters import gradient_accumulation_steps, unwrapped
 
 
 def _as_hyperparameter_schedule(schedule: Any, kind: str, default_factory: Any, argument: str) -> Any:
@@ -27,14 +27,6 @@ def _as_hyperparameter_schedule(schedule: Any, kind: str, default_factory: Any, 
         return schedule
     # A bare value, list or callable keeps the plain Keras meaning (per minibatch).
     return default_factory(schedule)
-
-
-def gradient_accumulation_steps(optimizer: Any) -> int:
-    """How many steps the optimizer averages into one update (Keras's ``gradient_accumulation_steps``; 1 without;
-    a ``LossScaleOptimizer``'s is its inner optimizer's)."""
-    steps = getattr(optimizer, "gradient_accumulation_steps", None) or getattr(
-        unwrapped(optimizer), "gradient_accumulation_steps", None)
-    return int(steps) if steps else 1
 
 
 def _config(schedule: Any) -> dict | None:

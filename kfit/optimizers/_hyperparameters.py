@@ -176,6 +176,14 @@ def unwrapped(optimizer):
     return getattr(optimizer, "inner_optimizer", optimizer)
 
 
+def gradient_accumulation_steps(optimizer) -> int:
+    """How many steps the optimizer averages into one update (Keras's ``gradient_accumulation_steps``; 1 without;
+    a ``LossScaleOptimizer``'s is its inner optimizer's)."""
+    steps = getattr(optimizer, "gradient_accumulation_steps", None) or getattr(
+        unwrapped(optimizer), "gradient_accumulation_steps", None)
+    return int(steps) if steps else 1
+
+
 def _is_float_scalar_variable(value) -> bool:
     return (
         isinstance(value, keras.Variable)
