@@ -67,7 +67,7 @@ def _set_options(options: dict[str, Any]) -> str:
         if (value is None or value is False or key == "learning_rate" or isinstance(value, (dict, list))
                 or (key.startswith("ema_") and not options.get("use_ema"))):
             continue
-        text = _number(value) if isinstance(value, float) else repr(value)
+        text = repr(value)  # as written in code: CNTK's beta_2=0.9999986111120757 is not 0.999999
         shown.append(f"{printable(key)}={printable(text)}")
     return ", ".join(shown)
 

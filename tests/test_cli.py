@@ -265,14 +265,17 @@ def test_inspect_names_a_learning_rate_given_as_a_python_function(tmp_path, caps
 
 @pytest.mark.parametrize("optimizer, line", [
     (lambda: kfit.optimizers.Adam(clipnorm=1.0, weight_decay=0.004),
-     "beta_2=0.999, clipnorm=1, epsilon=1e-07, weight_decay=0.004"),
+     "beta_2=0.999, clipnorm=1.0, epsilon=1e-07, weight_decay=0.004"),
+    (lambda: kfit.optimizers.Adam(variant="cntk", beta_2=0.9999986111120757, beta_2_minibatch_size=1, epsilon=1e-8),
+     "beta_2=0.9999986111120757, beta_2_minibatch_size=1.0, epsilon=1e-08, unit_gain=True, variant='cntk'"),
     (lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True, use_ema=True),
      "ema_momentum=0.99, momentum=0.9, nesterov=True, use_ema=True"),
 ])
 def test_inspect_text_shows_the_optimizer_options_that_are_set(tmp_path, capsys, optimizer, line):
     """The checkpoint records the optimizer's options (clipnorm, weight_decay, Keras SGD's momentum, ...), which only
     --json showed. The text shows those set (not None or False; the EMA's momentum only with use_ema): without
-    Keras, kfit inspect has no class defaults to compare with."""
+    Keras, kfit inspect has no class defaults to compare with. Numbers as written in code (CNTK's per-sample beta_2
+    is not 0.999999)."""
     path = tmp_path / "run.ckpt"
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
