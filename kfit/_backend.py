@@ -1298,3 +1298,30 @@ def epoch_iterator_reads_on() -> bool:
     3.10.0, 3.11.3, 3.12.4, 3.13.2, 3.14.0; run on 3.10.0 and 3.15.1)."""
     owner = _running_epoch_iterator()
     return owner is not None and owner.steps_per_epoch is not None and owner._current_iterator is not None
+
+
+def empty_epoch_logs(model: Any, previous: dict, validated: bool) -> dict:
+    """The logs ``model.fit`` ends an epoch of no step with (``steps_per_epoch`` on a source whose last batch of a pass
+    ended the epoch before: Keras finds the pass ended by one more call, and the epoch ends empty), where the fit call
+    trained the epoch before it: its trainers take ``_get_metrics_result_or_logs(logs)`` of the ``logs`` of that
+    call's last step, the metrics reset as the epoch began. On TensorFlow: the reset metrics (0.0) where the step's
+    logs name them; on JAX the metrics as the last epoch ended, as its loop left them in the model's variables, where
+    the epoch before it did not validate (``validated``), the reset ones where it did (``evaluate`` hands the state
+    back to the variables and drops it; under ``model.fit`` itself the loop then fails reading a purged metric
+    variable); on PyTorch ``{}`` (its loop starts every epoch's ``logs`` anew). ``previous``: the training logs of the
+    epoch before it (its History entry without validation; with a custom ``train_step`` whose logs do not name the
+    model's metrics, its last step's logs, which Keras returns as they are). Called as the epoch of a resumed run
+    begins (the metrics reset). Keras internals (the loops of ``fit``, ``get_metrics_result``), checked against Keras
+    3.15.1."""
+    if BACKEND == "torch":
+        return {}
+    metrics = model.get_metrics_result()
+    if not set(metrics) <= set(previous):
+        return dict(previous)
+    return dict(metrics) if BACKEND == "tensorflow" or validated else {name: previous[name] for name in metrics}
+
+
+def validates_in_epoch(model: Any, epoch: int, validation_freq: Any) -> bool:
+    """Whether ``model.fit`` runs validation at the end of ``epoch`` (from 0) under ``validation_freq``. Keras
+    internal (``Trainer._should_eval``), checked against Keras 3.15.1."""
+    return bool(model._should_eval(epoch, validation_freq))

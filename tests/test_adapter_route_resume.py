@@ -36,15 +36,33 @@ class _CrashAtStep(keras.callbacks.Callback):
         self.steps += 1
 
 
-def _train(loop, data, epochs, steps_per_epoch, path=None, crash_at=None, **options):
-    """Trains a small model on ``data()`` under ``model.fit`` or ``kfit.fit`` (with a Checkpoint at every step when
-    ``path`` is given, crashing before step ``crash_at``); returns the model, its History and the messages of the
-    warnings that say a resume is not exact."""
+class _Epochs(keras.callbacks.Callback):
+    """Records the epoch hooks the callbacks see: ``(hook, epoch, logs)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.seen.append(("begin", epoch, dict(logs or {})))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.append(("end", epoch, dict(logs or {})))
+
+
+def _train(loop, data, epochs, steps_per_epoch, path=None, crash_at=None, metrics=None, save=None, seen=None,
+           **options):
+    """Trains a small model on ``data()`` under ``model.fit`` or ``kfit.fit`` (with a Checkpoint when ``path`` is
+    given, at every step unless ``save`` gives its arguments, crashing before step ``crash_at``; ``seen``: an
+    :class:`_Epochs` to add); returns the model, its History and the messages of the warnings that say a resume is not
+    exact."""
     keras.utils.set_random_seed(4)
     model = mlp()
-    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
-    callbacks = [] if path is None else [kfit.callbacks.Checkpoint(path, frequency="1mb", async_write=False)]
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse", metrics=metrics)
+    save = save or {"frequency": "1mb"}
+    callbacks = [] if path is None else [kfit.callbacks.Checkpoint(path, async_write=False, **save)]
     callbacks += [] if crash_at is None else [_CrashAtStep(crash_at)]
+    callbacks += [] if seen is None else [seen]
     fit = model.fit if loop == "model.fit" else functools.partial(kfit.fit, model, seed=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -168,25 +186,64 @@ def test_a_data_loader_without_a_length_read_on_across_epochs_resumes_to_model_f
                           (2, 7, 10))
 
 
-def test_a_pass_of_unknown_length_that_ends_an_epoch_resumes_exactly_except_at_that_end(tmp_path):
+def test_a_pass_of_unknown_length_that_ends_an_epoch_resumes_exactly(tmp_path):
     """Passes of 6 batches, ``steps_per_epoch=3``: the pass's last batch ends an epoch, and Keras finds the pass ended
-    only in the next epoch, which trains no step (its History entry comes from the logs of the fit call's earlier
-    steps: ``loss`` 0.0 on TensorFlow, the last epoch's on JAX, none on PyTorch). Resumed anywhere else (2, 5, 7, 10
-    steps in) the run is model.fit's. Resumed from a checkpoint written at such a pass's end (6 and 12 steps in), a new
-    fit call cannot make that epoch (on JAX it failed, its logs unset): the run resumes with the epoch after it, trains
-    model.fit's weights, and says once that its History lacks that epoch."""
+    only in the next epoch, which trains no step. Its History entry comes from the logs of the fit call's earlier steps:
+    the metrics reset on TensorFlow (``loss`` and ``mae`` 0.0), the last epoch's on JAX, none on PyTorch (its ``epoch``
+    listed, no value). Resumed anywhere else (2, 5, 7, 10 steps in) the run is model.fit's. Resumed from a checkpoint
+    written at such a pass's end (at every step: 6 and 12 steps in), before that epoch, a new fit call cannot make it
+    (on JAX its loop failed, its logs unset): kfit resumed with the epoch after it, with model.fit's weights but a
+    History without that epoch, and said so. It now plays that epoch to the callbacks as the run begins, with model.fit's
+    logs. Resumed from a checkpoint written at that epoch's end (once per epoch, crashed 7 and 13 steps in), on JAX
+    the clock had not moved past it (kfit's reader found the pass ended only there) and the run trained it again (other
+    weights, two History entries for epoch 2), and on PyTorch the checkpoint's History lacked it (empty logs) and the
+    run resumed at its step again. Every case now resumes to model.fit: weights, History, and the epoch hooks every
+    callback sees with their logs, from the uninterrupted run's epoch the resumed run begins in on."""
     data = functools.partial(_unknown_length, 6)
     _resumes_to_model_fit(tmp_path, data, 7, 3, (2, 5, 7, 10))
-    expected, expected_history, _ = _train("model.fit", data, 7, 3)
-    for crash_at, empty_epoch in ((6, 2), (12, 5)):
-        (tmp_path / str(crash_at)).mkdir()
-        path = tmp_path / str(crash_at) / "run.ckpt"
+    expected_hooks = _Epochs()
+    expected, expected_history, _ = _train("model.fit", data, 7, 3, metrics=["mae"], seen=expected_hooks)
+    looped_hooks = _Epochs()
+    looped, looped_history = _train("kfit.fit", data, 7, 3, tmp_path / "uninterrupted.ckpt", metrics=["mae"],
+                                    seen=looped_hooks)[:2]
+    assert_same_weights(expected, looped)
+    assert looped_history.epoch == expected_history.epoch and looped_history.history == expected_history.history
+    assert looped_hooks.seen == expected_hooks.seen
+    every_epoch = {"epochs": 1}
+    for save, crash_at, first_epoch in ((None, 6, 2), (None, 12, 5), (every_epoch, 7, 3), (every_epoch, 13, 6)):
+        path = tmp_path / f"{crash_at}" / "run.ckpt"
+        path.parent.mkdir()
         with pytest.raises(RuntimeError, match="crash"):
-            _train("kfit.fit", data, 7, 3, path, crash_at)
-        resumed, history, said = _train("kfit.fit", data, 7, 3, path)
-        assert len(said) == 1 and "History lacks that one epoch" in said[0]
+            _train("kfit.fit", data, 7, 3, path, crash_at, metrics=["mae"], save=save)
+        hooks = _Epochs()
+        resumed, history, said = _train("kfit.fit", data, 7, 3, path, metrics=["mae"], save=save, seen=hooks)
+        assert said == []
         assert_same_weights(expected, resumed)
-        assert history.epoch == [e for e in expected_history.epoch if e != empty_epoch]
+        assert history.epoch == expected_history.epoch
+        assert history.history == expected_history.history
+        assert hooks.seen == expected_hooks.seen[expected_hooks.seen.index(("begin", first_epoch, {})):]
+
+
+def test_a_pass_of_unknown_length_that_ends_an_epoch_resumes_exactly_with_validation(tmp_path):
+    """As above, with validation data: the epoch of no step validates the weights the epoch before it ended with (the
+    same ``val_loss``), and on JAX its ``loss`` is the reset metric's 0.0, as on TensorFlow (the validation handed
+    the loop's state back to the model; ``model.fit`` itself fails there on JAX, reading a purged metric variable, so
+    the reference is the uninterrupted ``kfit.fit``). Resumed before that epoch (6 steps in) and at its end (once per
+    epoch, 7 steps in), the History is the uninterrupted run's, with nothing said."""
+    data = functools.partial(_unknown_length, 6)
+    validation = {"validation_data": (X[:16], Y[:16])}
+    expected, expected_history, _ = _train("kfit.fit", data, 4, 3, tmp_path / "uninterrupted.ckpt", **validation)
+    assert len(expected_history.history["val_loss"]) == 4
+    for save, crash_at in ((None, 6), ({"epochs": 1}, 7)):
+        path = tmp_path / f"{crash_at}" / "run.ckpt"
+        path.parent.mkdir()
+        with pytest.raises(RuntimeError, match="crash"):
+            _train("kfit.fit", data, 4, 3, path, crash_at, save=save, **validation)
+        resumed, history, said = _train("kfit.fit", data, 4, 3, path, save=save, **validation)
+        assert said == []
+        assert_same_weights(expected, resumed)
+        assert history.epoch == expected_history.epoch
+        assert history.history == expected_history.history
 
 
 def test_a_checkpoint_without_the_pass_length_says_at_resume_that_it_may_not_be_exact(tmp_path, monkeypatch):

@@ -238,8 +238,9 @@ def _history_state(history: Any, arrays: dict, epoch: int | None, epoch_logs: di
         return None
     record = {k: list(v) for k, v in getattr(history, "history", {}).items()}
     epochs = list(getattr(history, "epoch", []))
-    if epoch is not None and epoch_logs and epoch not in epochs:
-        # Under plain model.fit the History callback runs after this one: count the epoch that just ended.
+    if epoch is not None and epoch_logs is not None and epoch not in epochs:
+        # Under plain model.fit the History callback runs after this one: count the epoch that just ended (also one
+        # whose logs are empty: PyTorch's epoch of no step where a pass ends).
         epochs.append(epoch)
         for key, value in epoch_logs.items():
             record.setdefault(key, []).append(value)

@@ -16,9 +16,10 @@ hooks whose body only returns None are not counted). A ``PyDataset`` with worker
 exactly, and says so as it resumes (its queue loses whole epochs' orders, as timing has it). A source of unknown length
 that restarts (``tf.data`` of unknown cardinality, Grain, a DataLoader without a length), whose passes' length Keras
 learns as the first ends, counting the steps since it made its iterator: the checkpoint holds that length once kfit's
-reader has found it, and a resumed run's Keras counts the pass from where the uninterrupted run's stood. Only a
-checkpoint written as a pass ends at an epoch's end (``steps_per_epoch`` divides the pass) resumes with a History
-that lacks one epoch, the one that trains no step where Keras finds that pass ended; it says so.
+reader has found it, and a resumed run's Keras counts the pass from where the uninterrupted run's stood. Where a pass
+ends at an epoch's end (``steps_per_epoch`` divides the pass), Keras finds it ended in the next epoch, which trains no
+step: a run resumed from a checkpoint written before that epoch has ``kfit.fit`` play it to the callbacks as it
+begins, with the logs ``model.fit`` gave it (see :attr:`SourceAdapter.empty_epoch`).
 
 A ``tf.data`` pipeline read from its start at every epoch also has a state of its own: the
 checkpoint holds its iterator's state as the epoch's pass began (its shuffle order and random state, as
@@ -40,7 +41,7 @@ import dis
 import itertools
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import keras
@@ -270,6 +271,10 @@ class SourceAdapter(_backend.DataAdapter):
         self._keras_count: _backend.PassCount | None = None
         #: The ``steps_per_epoch`` to put back into Keras's ``EpochIterator`` as the epoch after a resumed one begins.
         self._epoch_steps_back: Callable[[], None] | None = None
+        #: A run resumed where such a pass ended at an epoch's end, from a checkpoint written before the epoch of no
+        #: step that followed (see :meth:`_follow_empty_epoch`): that epoch, which ``kfit.fit`` plays to the callbacks
+        #: as the run's first epoch begins; None otherwise.
+        self.empty_epoch: int | None = None
 
     @property
     def num_batches(self) -> int | None:
@@ -351,6 +356,8 @@ class SourceAdapter(_backend.DataAdapter):
     def on_epoch_end(self) -> None:
         self.inner.on_epoch_end()
         self.cut_short = False
+        if self._learns_pass_length and self.driver is not None:
+            self.driver.follow_epochs()
         if self._mirrors_epoch_end_pass and _backend.epoch_iterator_opened_next_pass():
             self._draw_unread_pass()
 
@@ -434,13 +441,14 @@ class SourceAdapter(_backend.DataAdapter):
             self._learns = not self._endless
         return self._learns
 
-    def resume(self, samples_in_epoch: int, samples: int, steps_in_epoch: int) -> int:
+    def resume(self, samples_in_epoch: int, samples: int, steps_in_epoch: int, epochs_done: Sequence[int] = ()) -> int:
         """Positions the source for a run resumed mid-run; returns the samples it will drop.
 
         A source read from its start at every epoch drops the epoch's first ``samples_in_epoch`` samples (from
         the pass saved in the checkpoint when it holds one, see :meth:`set_state`); one read on across epochs
         drops the first ``samples`` of the run, and the epoch in progress ends after the
-        ``epoch_steps - steps_in_epoch`` steps it has left (or where its pass ends).
+        ``epoch_steps - steps_in_epoch`` steps it has left (or where its pass ends). ``epochs_done``: the epochs of
+        the restored History (see :meth:`_follow_empty_epoch`).
         """
         self._skip = samples if self.continues else samples_in_epoch
         restored, self._restored_pass = self._restored_pass, None
@@ -459,6 +467,8 @@ class SourceAdapter(_backend.DataAdapter):
         if self._counts_pass_on_resume:
             if self.pass_batches is None and not steps_in_epoch and samples:
                 self._find_first_pass_end()
+            if self._at_a_pass_end_that_ends_an_epoch:
+                self._follow_empty_epoch(epochs_done)
             # Keras's loop is put where the uninterrupted run's stood in the pass (see _resume_count): it runs the
             # steps the epoch has left and finds the pass's end itself.
             self._keras_count = self._resume_count(steps_in_epoch)
@@ -482,17 +492,44 @@ class SourceAdapter(_backend.DataAdapter):
         checkpoint that did not know whether that pass ended there (on JAX and PyTorch kfit's reader reads no batch
         across an epoch's end before the next epoch begins): the pass is opened and read up to there now, and one batch
         more. Where the pass ended, Keras's uninterrupted loop went on with an epoch of no step (see
-        :data:`PASS_END_EPOCH_RESUME`): the run resumes with the epoch after it, on the next pass."""
+        :meth:`_follow_empty_epoch`): the run resumes with the epoch after it, on the next pass."""
         self._prepared = self._open(self._passes, beginning=True)
         if self.pass_batches is None:
             return
+        self._move_epochs(1)
+
+    def _move_epochs(self, epochs: int) -> None:
+        """Moves the epoch the resumed run begins with, Keras's and the clock's, ``epochs`` later."""
         from kfit.clock import get_clock
 
         model = self.driver.model
-        _backend.set_initial_epoch(model, (_backend.initial_epoch(model) or 0) + 1)
+        _backend.set_initial_epoch(model, (_backend.initial_epoch(model) or 0) + epochs)
         clock = get_clock(model)
         if clock is not None and clock.epoch_start is not None:
-            clock.epoch_start = (clock.epoch_start[0] + 1, clock.epoch_start[1])
+            clock.epoch_start = (clock.epoch_start[0] + epochs, clock.epoch_start[1])
+
+    @property
+    def _at_a_pass_end_that_ends_an_epoch(self) -> bool:
+        """The run resumes where a pass of a length Keras learns ended with an epoch (``steps_per_epoch`` divides it),
+        on a source whose count of the pass the resumed run follows."""
+        length = self.pass_batches
+        return bool(self._counts_pass_on_resume and length and length % self.epoch_steps == 0 and self.first_step
+                    and self.first_step % length == 0)
+
+    def _follow_empty_epoch(self, epochs_done: Sequence[int]) -> None:
+        """A run resumed where a pass whose last batch ended an epoch ended: Keras's uninterrupted loop went on with an
+        epoch that trains no step, in which it found the pass ended (its History entry: the logs of that fit call's
+        last step, or its metrics reset, as the backend has it; see :func:`_backend.empty_epoch_logs`), and the next
+        pass opened with the epoch after it. The run resumes with that epoch (the clock of a checkpoint written at the
+        empty epoch's end by a kfit that did not move it on there may still name the empty one: ``epochs_done``, the
+        restored History's epochs, says it ended); where the checkpoint was written before the empty epoch (its History
+        lacks it), :attr:`empty_epoch` names it, for ``kfit.fit`` to play to the callbacks as the run begins."""
+        epoch = _backend.initial_epoch(self.driver.model) or 0
+        last = max(epochs_done, default=-1)
+        if epoch <= last:
+            self._move_epochs(last + 1 - epoch)
+            epoch = last + 1
+        self.empty_epoch = epoch - 1 if epoch - 1 > last else None
 
     def _resume_count(self, steps_in_epoch: int) -> _backend.PassCount:
         """Where the uninterrupted run's Keras stood in the pass the run resumes in (on a source whose passes' length
@@ -520,10 +557,6 @@ class SourceAdapter(_backend.DataAdapter):
             caveats.append(UNKNOWN_LENGTH_RESUME)
         elif self._learns_pass_length and not self._counts_pass_on_resume:
             caveats.append(UNKNOWN_LENGTH_MULTI_STEP_RESUME)
-        length = self.pass_batches
-        if self._counts_pass_on_resume and length and length % self.epoch_steps == 0 and self.first_step \
-                and self.first_step % length == 0:
-            caveats.append(PASS_END_EPOCH_RESUME)
         return caveats
 
     @property
@@ -977,17 +1010,6 @@ UNKNOWN_LENGTH_MULTI_STEP_RESUME = (
     "(tf.data: dataset.apply(tf.data.experimental.assert_cardinality(batches))) or make it endless (repeat())."
 )
 
-PASS_END_EPOCH_RESUME = (
-    "This resume is not exact in its History: the checkpoint was written as a pass ended at the end of an epoch (the "
-    "passes of this source of unknown length hold a whole number of epochs: steps_per_epoch divides their batches). "
-    "There Keras's uninterrupted loop went on with an epoch that trains no step, the one in which it finds the pass "
-    "ended, and whose History entry it takes from the logs of steps trained earlier in the same fit call, which a "
-    "resumed run has not trained. kfit resumes with the epoch after it: the weights and every later epoch are the "
-    "uninterrupted run's, and the History lacks that one epoch. Checkpoints written anywhere else resume exactly; so "
-    "do all with a steps_per_epoch that does not divide the pass, or a source of known length (tf.data: "
-    "dataset.apply(tf.data.experimental.assert_cardinality(batches)))."
-)
-
 
 def _does_nothing(method: Any) -> bool:
     """True for a Python function (or method) whose body only returns None: ``pass``, ``...``, a docstring,
@@ -1078,3 +1100,19 @@ class SourceDriver(StepDriver):
                 # The steps ended one of Keras's epochs (step 0 of the next), or began one after an epoch of no step
                 # (where Keras found the end of a pass whose last batch had ended an epoch).
                 clock.epoch_start = (clock.epoch_start[0] + epoch - was, clock.samples if step == 0 else before[0])
+
+    def follow_epochs(self) -> None:
+        """As one of Keras's epochs ends on a source whose passes' length Keras learns: where kfit's reader found the
+        first pass's length only in that epoch, which trained no step (the pass's last batch ended the epoch before it,
+        and kfit's reader held the batch after it), the clock moves on to the epoch after it, where :meth:`count`, which
+        found its epoch before that length was known, left it in the empty one (a checkpoint written at the empty
+        epoch's end would resume it again)."""
+        from kfit.clock import get_clock
+
+        clock = get_clock(self.model)
+        if clock is None or clock.epoch_start is None or self._epoch is None:
+            return
+        epoch, step = self.adapter.position(clock.minibatches)
+        if epoch > self._epoch and step == 0:
+            clock.epoch_start = (clock.epoch_start[0] + epoch - self._epoch, clock.samples)
+            self._epoch = epoch

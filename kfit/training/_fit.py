@@ -487,7 +487,7 @@ class _RunControl(keras.callbacks.Callback):
             epoch, steps_in_epoch = clock.epoch, 0
             mid_epoch = clock.samples_in_epoch > 0
         _backend.set_initial_epoch(fit.model, epoch)
-        skip = source.resume(clock.samples_in_epoch, clock.samples, steps_in_epoch)
+        skip = source.resume(clock.samples_in_epoch, clock.samples, steps_in_epoch, getattr(fit.history, "epoch", []))
         source.make_owed_pass_end_call()
         if mid_epoch:
             fit.run.batch_offset = steps_in_epoch or source.steps_into_epoch(epoch, clock.minibatches, clock.samples_in_epoch)
@@ -532,6 +532,52 @@ class _RunControl(keras.callbacks.Callback):
             variable.assign(value)
         self.fit.run.restored_values = []
         self.fit.run.resumed_mid_epoch = False
+
+
+class _EmptyEpoch(keras.callbacks.Callback):
+    """Plays to the callbacks, as the first epoch of a run resumed on a source begins, the epoch of no step that the
+    uninterrupted run had right before it (:attr:`SourceAdapter.empty_epoch`: Keras found a pass ended there), which a
+    new ``model.fit`` call cannot run (it has no earlier step's logs: on JAX its loop fails): its ``on_epoch_begin`` and
+    ``on_epoch_end``, with the logs ``model.fit`` gave it (:func:`_backend.empty_epoch_logs`; the validation of the
+    same weights as the epoch before it, where both validate), so that the History and every callback see that epoch
+    as in the uninterrupted run. First in the list: no callback has seen the run's first epoch begin."""
+
+    def __init__(self, fit: _StreamFit):
+        super().__init__()
+        self.fit = fit
+        #: The ``CallbackList`` of the fit call (set once made).
+        self.callbacks: Any = None
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        source = self.fit.source
+        empty = None if source is None else source.empty_epoch
+        if empty is None or self.callbacks is None:
+            return
+        source.empty_epoch = None
+        history = self.fit.history
+        record = getattr(history, "history", {})
+        previous = {key: values[-1] for key, values in record.items() if values and not key.startswith("val_")}
+        validation: dict = {}
+        freq = self.fit.options.validation_freq
+        validated = self.fit.validation_data is not None and empty - 1 in getattr(history, "epoch", []) \
+            and _backend.validates_in_epoch(self.model, empty - 1, freq)
+        if self.fit.validation_data is not None and _backend.validates_in_epoch(self.model, empty, freq):
+            if validated:  # the weights the epoch before it ended with, which it validated: the same logs
+                validation = {key: values[-1] for key, values in record.items() if values and key.startswith("val_")}
+            else:
+                warnings.warn(EMPTY_EPOCH_VALIDATION_RESUME, stacklevel=2)
+        self.callbacks.on_epoch_begin(empty)
+        logs = _backend.empty_epoch_logs(self.model, previous, validated)
+        self.callbacks.on_epoch_end(empty, {**logs, **validation})
+
+
+EMPTY_EPOCH_VALIDATION_RESUME = (
+    "This resume is not exact in its History: the run resumed where a pass of a source of unknown length ended with an "
+    "epoch (steps_per_epoch divides its batches), and Keras's uninterrupted loop went on with an epoch that trains no "
+    "step and validates (validation_freq), after an epoch that did not validate. kfit gives that epoch the History "
+    "entry model.fit gave it, without the validation logs. Every other epoch, and the weights, are the uninterrupted "
+    "run's."
+)
 
 
 def _same_checkpoints_on_every_worker(callbacks: list) -> bool:
@@ -903,6 +949,7 @@ class _StreamFit:
                 extra += [AgreedStopCallback(), _AverageMetrics()]
                 self.run.agreed_stops = self.run.logs_averaged = True
             callbacks = ordered_callbacks(self.callbacks + extra) + [self.history]
+            empty_epoch = _EmptyEpoch(self) if self.source is not None else None
             users_bar = any(isinstance(c, keras.callbacks.ProgbarLogger) for c in self.callbacks)
             if self.verbose != 0 and self.source is None and not users_bar:  # Keras adds none next to a user's own
                 self.progbar = ProgressBar()
@@ -928,9 +975,12 @@ class _StreamFit:
                 # validation data's, are Keras's to report, as under model.fit.
                 warnings.showwarning = _unless_cut_short(warnings.showwarning, adapter, self.source)
                 steps_per_epoch = self.source.steps_per_epoch if self.source is not None else None
-                callbacks = _backend.callback_list(callbacks, model, self.keras_verbose, self.num_epochs,
+                callbacks = _backend.callback_list([empty_epoch] * (empty_epoch is not None) + callbacks, model,
+                                                   self.keras_verbose, self.num_epochs,
                                                    steps_per_epoch or adapter.num_batches,
                                                    lambda: self.run.batch_offset)
+                if empty_epoch is not None:
+                    empty_epoch.callbacks = callbacks
                 model.fit(
                     adapter, epochs=self.num_epochs, verbose=self.keras_verbose, callbacks=callbacks,
                     validation_data=validation_data, validation_steps=self.options.validation_steps,
