@@ -1235,6 +1235,13 @@ class SlowDataset(keras.utils.PyDataset):
             self.in_flight.value += 1
             self.most.value = max(self.most.value, self.in_flight.value)
         time.sleep(0.005)
+        # With several workers, a fetch waits (up to 0.25 s) until two have overlapped once: fetches made concurrently
+        # show it however busy the machine is (a 5 ms window alone missed it under load), while fetches made one at a
+        # time wait in vain and the check below fails. (kfit reads the first and last items of its order alone, before
+        # its workers start: those wait the full 0.25 s.)
+        deadline = time.monotonic() + (0.25 if self.workers > 1 else 0.0)
+        while self.most.value < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
         with self.in_flight.get_lock():
             self.in_flight.value -= 1
         if index == self.fail_at:
