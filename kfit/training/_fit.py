@@ -33,22 +33,14 @@ from kfit.distributed._callbacks import AgreedStopCallback
 from kfit.training import _padding, _plan, _validation
 from kfit.training._compile_ahead import CompileAhead
 from kfit.training._driver import PlanDriver
-from kfit.training._options import FitOptions, refuse_unknown_keywords, size_function
+from kfit.training._options import FitOptions, refuse_unknown_keywords, size_function, training_rows
 from kfit.training._progress_bar import ProgressBar
 from kfit.training._summaries import EpochSummaries
 
 
-def _training_rows(n: int, split: float) -> int:
-    """The rows ``validation_split`` leaves for training, as Keras cuts them (the first ones)."""
-    return int(math.floor(n * (1.0 - split)))
-
-
 def _split_validation(x: Any, y: Any, sample_weight: Any, split: float) -> tuple:
     """Keras's ``validation_split``: the last ``split`` fraction of the arrays, before shuffling."""
-    n = dataset_length(x)
-    cut = _training_rows(n, split)
-    if cut == 0 or cut == n:
-        raise ValueError(f"`validation_split={split}` leaves no training or no validation sample out of {n}.")
+    cut = training_rows(dataset_length(x), split)
 
     def part(structure: Any, lo: int, hi: int | None) -> Any:
         if structure is None:
@@ -83,9 +75,9 @@ def _check_dtypes(x: Any, y: Any, sample_weight: Any) -> None:
 
 def _class_weights(y: Any, class_weight: dict) -> np.ndarray:
     if keras.tree.is_nested(y):  # Keras's rule: a list or dict of targets is refused, even of one array
-        raise ValueError("`class_weight` is only supported for models with a single output, given `y` as one array "
-                         f"(as in model.fit); y is a {type(y).__name__} of {len(flatten(y))} array(s). Give y as an "
-                         "array, or weigh several outputs with `sample_weight` (one array per output).")
+        raise ValueError("`class_weight` is only supported for Models with a single output. y is a "
+                         f"{type(y).__name__} of {len(flatten(y))} array(s): give y as one array, or weigh several "
+                         "outputs with `sample_weight` (one array per output).")
     # Keras's rule (class_weight_to_sample_weights): one-hot rows by their largest entry, labels rounded to the
     # nearest class, a class without a weight weighs 1.
     labels = np.asarray(y)
@@ -206,10 +198,13 @@ def fit(
     callbacks = _checks.callback_list("callbacks", callbacks)
     options = FitOptions.from_arguments(
         batch_size=batch_size, callbacks=callbacks, sample_weight=sample_weight, minibatch_size=minibatch_size,
+        num_samples=dataset_length(x) if validation_data is None and is_streamable(x) else None,
         epochs=epochs, verbose=verbose, validation_split=validation_split, shuffle=shuffle, class_weight=class_weight,
         initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
         validation_batch_size=validation_batch_size, validation_freq=validation_freq, epoch_size=epoch_size,
         max_samples=max_samples, seed=seed, prefetch=prefetch, pad_remainders=pad_remainders)
+    if validation_data is not None:  # (model.fit ignores validation_split then)
+        options = dataclasses.replace(options, validation_split=0.0)
     _check_callbacks(callbacks)
     for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
         _check_open(name, part)
@@ -270,7 +265,7 @@ def _keras_epochs_differ(model: Any, x: Any, options: FitOptions, workers: int) 
     if n is None:
         return False
     if o.validation_split:
-        n = _training_rows(n, o.validation_split)
+        n = training_rows(n, o.validation_split)
     return n % (o.steps_per_epoch * (o.fixed_minibatch_size or 32)) != 0 or o.steps_per_epoch % per_execution != 0
 
 
@@ -344,10 +339,9 @@ def _fit_with_model_fit(model: Any, x: Any, y: Any, sample_weight: Any, validati
     if _model_fit_keeps_clock(x, o):
         n = dataset_length(x)
         if o.validation_split and validation_data is None:
-            n = _training_rows(n, o.validation_split)
+            n = training_rows(n, o.validation_split)
         if n == 0:  # (as kfit's stream says it, not as the SampleClock's num_samples=0 the user never passed)
-            split = f" after validation_split={o.validation_split}" if o.validation_split and validation_data is None else ""
-            raise ValueError(f"Invalid value for argument `x`: the training data is empty (0 samples{split}).")
+            raise ValueError("Invalid value for argument `x`: the training data is empty (0 samples).")
         clock_callbacks.append(SampleClock(batch_size=o.minibatch_size or 32, num_samples=n))
     history = RunHistory()
     summaries = EpochSummaries(history)
@@ -813,7 +807,7 @@ class _StreamFit:
         x, y, sample_weight = self.stream.read(start, size)
         if self.class_weight is not None:
             if sample_weight is not None:  # a PyDataset that yields (x, y, sample_weight): refused, as by model.fit
-                raise ValueError("You cannot specify `class_weight` and `sample_weight` at the same time: the "
+                raise ValueError("You cannot specify `class_weight` and `sample_weight` at the same time. The "
                                  "training data yields sample weights. Give one of them (e.g. multiply the class "
                                  f"weights into the sample weights). Received: class_weight={self.class_weight!r}")
             sample_weight = _class_weights(y, self.class_weight)

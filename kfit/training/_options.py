@@ -10,12 +10,13 @@ Example:
     >>> FitOptions.from_arguments(validation_split=-0.1)
     Traceback (most recent call last):
     ...
-    kfit._checks.InvalidArgumentError: Invalid value for argument `validation_split`: expected a number in [0, 1). Received: validation_split=-0.1
+    kfit._checks.InvalidArgumentError: Invalid value for argument `validation_split`: expected a number in [0, 1]. Received: validation_split=-0.1
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +56,11 @@ class FitOptions:
 
     @classmethod
     def from_arguments(cls, *, batch_size: Any = None, callbacks: list | None = None, sample_weight: Any = None,
-                       **arguments: Any) -> FitOptions:
+                       num_samples: int | None = None, **arguments: Any) -> FitOptions:
         """Checks ``kfit.fit``'s arguments (named as there) and returns them as options.
+
+        ``num_samples`` is the length of ``x`` where ``x`` is arrays (None otherwise): ``validation_split`` is checked
+        against it as ``model.fit`` checks it, with ``model.fit``'s error.
 
         Raises:
             InvalidArgumentError: an argument is not what ``kfit.fit`` accepts (the message names it and the
@@ -88,8 +92,9 @@ class FitOptions:
         checked["initial_epoch"] = _checks.count("initial_epoch", options.initial_epoch)
         checked["prefetch"] = _checks.count("prefetch", options.prefetch, allow_none=True)
         _checks.boolean("pad_remainders", options.pad_remainders)
-        checked["validation_split"] = _checks.real("validation_split", options.validation_split, low=0.0, high=1.0,
-                                                   high_inclusive=False)
+        checked["validation_split"] = _checks.real("validation_split", options.validation_split, low=0.0, high=1.0)
+        if checked["validation_split"] and num_samples is not None:
+            training_rows(num_samples, options.validation_split)
         options = dataclasses.replace(options, **checked)
         _checks.choice("verbose", options.verbose, _VERBOSE)
         _checks.choice("shuffle", options.shuffle, _SHUFFLE)
@@ -99,9 +104,10 @@ class FitOptions:
                 raise _checks.InvalidArgumentError(
                     "Invalid value for argument `class_weight`: expected a dict of class index to weight. Received: "
                     f"class_weight={options.class_weight!r}")
-            if sample_weight is not None:
+            if sample_weight is not None:  # (model.fit's error)
                 raise _checks.InvalidArgumentError(
-                    "Arguments `sample_weight` and `class_weight` cannot be given together (as in model.fit).")
+                    "You cannot `class_weight` and `sample_weight` at the same time. Give one of them (e.g. multiply "
+                    f"the class weights into the sample weights). Received: class_weight={options.class_weight!r}")
         minibatch_size = _check_minibatch_size(minibatch_size)
         return dataclasses.replace(options, minibatch_size=minibatch_size, from_batch_size=batch_size is not None
                                    and options.minibatch_size is None and isinstance(minibatch_size, int))
@@ -116,6 +122,18 @@ class FitOptions:
         """Some option only kfit's stream gives (``model.fit`` itself cannot train with it)."""
         return (self.minibatch_size is not None and not isinstance(self.minibatch_size, int)) or any(
             value is not None for value in (self.epoch_size, self.max_samples, self.seed)) or self.pad_remainders
+
+
+def training_rows(num_samples: int, validation_split: float) -> int:
+    """The rows ``validation_split`` leaves for training, as Keras cuts them (the first ones); a split that leaves no
+    training or no validation row is refused with ``model.fit``'s error."""
+    rows = int(math.floor(num_samples * (1.0 - validation_split)))
+    if rows in (0, num_samples):
+        raise _checks.InvalidArgumentError(
+            f"Training data contains {num_samples} samples, which is not sufficient to split it into a validation and "
+            f"training set as specified by `validation_split={validation_split}`. Either provide more data, or a "
+            "different value for the `validation_split` argument.")
+    return rows
 
 
 def _check_minibatch_size(value: Any) -> Any:
