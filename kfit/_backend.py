@@ -1325,3 +1325,23 @@ def validates_in_epoch(model: Any, epoch: int, validation_freq: Any) -> bool:
     """Whether ``model.fit`` runs validation at the end of ``epoch`` (from 0) under ``validation_freq``. Keras
     internal (``Trainer._should_eval``), checked against Keras 3.15.1."""
     return bool(model._should_eval(epoch, validation_freq))
+
+
+def metric_names(model: Any) -> list[str]:
+    """The names of the metrics that name the model's logged metrics (``auc_1`` in ``val_auc_1``), in the model's
+    order: those given to ``compile`` (flattened as Keras builds them; before it has, strings and functions by the name
+    Keras will give them), then those the model and its layers track themselves; the loss trackers left out (their
+    names are the outputs'). Keras internals (``Trainer._compile_metrics``, ``CompileMetrics._user_metrics`` and
+    ``_user_weighted_metrics``, ``Trainer._loss_tracker``, ``_compile_loss``), checked against Keras 3.15.1 and
+    3.10.0's source."""
+    compiled = getattr(model, "_compile_metrics", None)
+    names: list[str] = []
+    if compiled is not None and compiled.built:
+        names = [m.name for m in compiled.metrics]
+    elif compiled is not None:
+        given = [m for group in (compiled._user_metrics, compiled._user_weighted_metrics)
+                 for m in keras.tree.flatten(group or [])]
+        names = [m if isinstance(m, str) else getattr(m, "name", None) or getattr(m, "__name__", "") for m in given]
+    own = {id(compiled), id(getattr(model, "_loss_tracker", None))}
+    own |= {id(m) for m in getattr(getattr(model, "_compile_loss", None), "metrics", None) or []}
+    return names + [m.name for m in getattr(model, "metrics", []) if id(m) not in own]

@@ -115,8 +115,8 @@ class Run:
         restored_history_epochs: under plain ``model.fit``, the epochs of a restored history, for Keras's
             ``History``, which forgets them when training begins (set by ``ModelFitLoop.prepare_restore``, put
             back when the first epoch begins).
-        renamed_keys: set by a restore: the log keys of the checkpointed model's outputs -> this model's, where Keras
-            numbered its outputs anew (the model built again in one process); None: the same names.
+        renamed_keys: set by a restore: the log keys of the checkpointed model -> this model's, where Keras numbered
+            its outputs or metrics anew (the model built again in one process); None: the same names.
         manual: a clock attached by hand (:func:`kfit.clock.attach_clock`): callbacks driven outside any loop.
         compile_ahead: under :func:`kfit.fit` on JAX, what compiles the train step for the coming minibatch sizes
             (``kfit.training._compile_ahead``).

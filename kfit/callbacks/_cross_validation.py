@@ -637,6 +637,11 @@ class CrossValidation(KfitCallback):
     def get_state(self) -> dict[str, Any]:
         return {"results": [dict(r) for r in self.results], "epoch_logs": dict(self._epoch_logs)}
 
+    def renamed_state(self, state: dict[str, Any], renamed: Any) -> dict[str, Any]:
+        """``state`` with its results under this model's log keys (a restore's ``renamed``)."""
+        return dict(state, results=[{renamed(k): v for k, v in r.items()} for r in state.get("results", [])],
+                    epoch_logs={renamed(k): v for k, v in state.get("epoch_logs", {}).items()})
+
     def set_state(self, state: dict[str, Any]) -> None:
         if "results" not in state:
             raise ValueError(f"CrossValidation state {self.name!r} is missing 'results'. Received keys: {sorted(state)}")

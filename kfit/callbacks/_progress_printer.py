@@ -355,6 +355,10 @@ class ProgressPrinter(KfitCallback):
     def get_state(self) -> dict[str, Any]:
         return {"intervals": self._intervals.get_state(), "evaluations": self._evaluations}
 
+    def renamed_state(self, state: dict[str, Any], renamed: Any) -> dict[str, Any]:
+        """``state`` with its running means under this model's log keys (a restore's ``renamed``)."""
+        return dict(state, intervals=IntervalMeans.renamed_state(state.get("intervals"), renamed))
+
     def set_state(self, state: dict[str, Any]) -> None:
         self._intervals.set_state(state.get("intervals"))
         self._evaluations = int(state.get("evaluations", 0))

@@ -175,6 +175,12 @@ class IntervalMeans:
             "last_means": dict(self.last_means),
         }
 
+    @staticmethod
+    def renamed_state(state: dict[str, Any] | None, renamed: Any) -> dict[str, Any] | None:
+        """``state`` with its means under this model's log keys (``renamed``: a restore's map of the checkpointed
+        model's log keys to this model's, where Keras numbered its outputs or metrics anew)."""
+        return state and dict(state, last_means={renamed(k): v for k, v in state.get("last_means", {}).items()})
+
     def set_state(self, state: dict[str, Any]) -> None:
         # Applied at the next begin_epoch, once the clock is restored, if it is the same epoch.
         self._restored = dict(state) if state else None

@@ -393,6 +393,12 @@ class TensorBoardProgressWriter(KfitCallback):
         return {"intervals": self._intervals.get_state(), "points_at_clock": [[tag, value] for tag, value in at_clock],
                 "scheduled": self._scheduled.get_state()}
 
+    def renamed_state(self, state: dict[str, Any], renamed: Any) -> dict[str, Any]:
+        """``state`` with its running means and tags under this model's log keys (a restore's ``renamed``)."""
+        points = state.get("points_at_clock")
+        return dict(state, intervals=IntervalMeans.renamed_state(state.get("intervals"), renamed),
+                    points_at_clock=None if points is None else [[renamed(tag), value] for tag, value in points])
+
     def set_state(self, state: dict[str, Any]) -> None:
         self._intervals.set_state(state.get("intervals"))
         points = state.get("points_at_clock")

@@ -105,7 +105,7 @@ META: Spec = record({
     "backend": STR,
     "created": STR,
     "kfit_fit": BOOL,
-    "model": record({"name": STR, "class": STR}, {"outputs": list_of(STR)}),  # (older files: no outputs)
+    "model": record({"name": STR, "class": STR}, {"outputs": list_of(STR), "metrics": list_of(STR)}),  # (older files: neither)
     "optimizer": optional(_OPTIMIZER),
     "variables": record({"model": list_of(STR), "optimizer": list_of(STR), "metrics": list_of(STR)}),
     "clock": optional(record({"samples": COUNT, "minibatches": COUNT},

@@ -462,7 +462,7 @@ def collect(parts: Run, buffers: dict | None = None, epoch: int | None = None,
         "backend": _backend.BACKEND,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "kfit_fit": parts.kfit_fit,
-        "model": {"name": model.name, "class": type(model).__name__, "outputs": _output_names(model)},
+        "model": {"name": model.name, "class": type(model).__name__, **_model_names(model)},
         "optimizer": None if optimizer is None else optimizer_description(optimizer),
         "variables": paths,
         "workers": {"count": workers, "metric_states": len(worker_metrics) if worker_metrics else 1},
@@ -482,24 +482,46 @@ def _normalized(path: str) -> str:
     return re.sub(r"_\d+(?=/|_|$)", "", path)
 
 
-def _output_names(model: Any) -> list[str]:
-    return list(getattr(model, "output_names", None) or [])
+def _model_names(model: Any) -> dict[str, list[str]]:
+    """The names that make the model's log keys: its outputs' and its metrics' (:func:`_backend.metric_names`)."""
+    return {"outputs": list(getattr(model, "output_names", None) or []), "metrics": _backend.metric_names(model)}
 
 
-def _renamed_outputs(saved: list[str] | None, now: list[str]) -> Any:
-    """The map of log keys of the saved model's outputs (``dense_1_loss``, ``val_dense_1_mae``) to this model's, where
-    their names differ only in Keras's automatic numbering (the same model built again in one process, say by a
-    notebook cell run again, names its outputs ``dense_4``...): a function of a key; None where none is renamed."""
-    renames = {old: new for old, new in zip(saved or [], now) if old != new}
-    if not renames or len(saved) != len(now) or any(_normalized(a) != _normalized(b) for a, b in zip(saved, now)):
+def _renamed_keys(saved: dict, now: dict) -> Any:
+    """The map of the saved model's log keys to this model's (a function of a key; None where none is renamed), where
+    the names of outputs (``dense_1_loss``, ``val_dense_1_mae``) or metrics (``auc`` in ``val_auc``) differ only in
+    Keras's automatic numbering, place by place: the same model built again in one process (a notebook cell run
+    again) names its outputs ``dense_4``... and its ``keras.metrics.AUC()`` ``auc_1``... ``saved``, ``now``: the
+    models' ``outputs`` and ``metrics`` (names in order, as a checkpoint's metadata holds them).
+
+    >>> renamed = _renamed_keys({"metrics": ["auc", "accuracy"]}, {"outputs": [], "metrics": ["auc_1", "accuracy"]})
+    >>> [renamed(key) for key in ("auc", "val_auc", "accuracy", "loss")]
+    ['auc_1', 'val_auc_1', 'accuracy', 'loss']
+    """
+    outputs = _renames(saved.get("outputs"), now["outputs"], _normalized)
+    metrics = _renames(saved.get("metrics"), now["metrics"], lambda name: re.sub(r"_\d+$", "", name))
+    if not outputs and not metrics:
         return None
-    # An output's name begins a key, or follows a prefix ("val_"); the longest first ("my_dense_1" before "dense_1").
-    pattern = re.compile(r"(?<![^_])(" + "|".join(map(re.escape, sorted(renames, key=len, reverse=True))) + ")_")
-    return lambda key: pattern.sub(lambda match: renames[match.group(1)] + "_", key, count=1)
+    # An output's name begins a key or follows a prefix ("val_", "minibatch/"); a metric's ends one. The longest
+    # first ("my_dense_1" before "dense_1").
+    def alternatives(renames: dict) -> str:
+        return "|".join(map(re.escape, sorted(renames, key=len, reverse=True))) or "(?!)"
+
+    output, metric = (re.compile(r"(?<![^_/])(" + alternatives(outputs) + ")_"),
+                      re.compile(r"(?<![^_/])(" + alternatives(metrics) + ")$"))
+    return lambda key: metric.sub(lambda match: metrics[match.group(1)], output.sub(
+        lambda match: outputs[match.group(1)] + "_", key, count=1), count=1)
+
+
+def _renames(saved: list[str] | None, now: list[str], unnumbered: Any) -> dict[str, str]:
+    """``{saved name: this model's}`` for the names that differ, when every name differs at most in its numbering."""
+    if saved is None or len(saved) != len(now) or any(unnumbered(a) != unnumbered(b) for a, b in zip(saved, now)):
+        return {}
+    return {old: new for old, new in zip(saved, now) if old != new}
 
 
 def _history_renamed(history: dict, renamed: Any) -> dict:
-    """The restored history with its keys renamed (:func:`_renamed_outputs`): its lists go on under the names this run
+    """The restored history with its keys renamed (:func:`_renamed_keys`): its lists go on under the names this run
     logs, as one run's would."""
     if renamed is None:
         return history
@@ -601,7 +623,7 @@ class _Restore:
     history: dict | None = None
     notes: list = field(default_factory=list)
     noted: list = field(default_factory=list)  # the callbacks whose restore_note is among the notes
-    renamed: Any = None  # the saved model's log keys -> this one's, where Keras renumbered its outputs
+    renamed: Any = None  # the saved model's log keys -> this one's, where Keras renumbered outputs or metrics
     file: str = ""
     reset_metrics: bool = False  # this worker's training metrics start from their reset state
 
@@ -811,11 +833,14 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
             state["epoch_size"] = have
         restore.clock_state = state
 
+    restore.renamed = _renamed_keys(meta["model"], _model_names(model))
     saved_states = meta.get("callbacks") or {}
     keyed = stateful_callbacks(parts.callbacks)
     for key, callback in keyed.items():
         if key in saved_states:
             state = _decoded(saved_states[key], arrays, file, f"the state of {key!r}")
+            if restore.renamed is not None and callable(getattr(callback, "renamed_state", None)):
+                state = callback.renamed_state(state, restore.renamed)  # (its log keys under this run's names)
             restore.callback_states.append((callback, state))
             note = callback.restore_note(state, file) if callable(getattr(callback, "restore_note", None)) else None
             if note:
@@ -829,7 +854,6 @@ def plan_restore(parts: Run, meta: dict, arrays: dict, file: str, metrics: bool 
     unused = sorted(set(saved_states) - set(keyed))
     if unused and keyed:  # (not for load_checkpoint(path, model) outside a run: no callbacks asked for)
         restore.notes.append(f"The checkpoint {file!r} holds the state of callbacks {unused}, which this run does not have.")
-    restore.renamed = _renamed_outputs(meta["model"].get("outputs"), _output_names(model))
     if parts.history is not None and meta.get("history"):
         restore.history = _history_renamed(_decoded(meta["history"], arrays, file, "the history"), restore.renamed)
     return restore

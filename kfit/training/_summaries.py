@@ -85,6 +85,11 @@ class EpochSummaries(KfitCallback):
     def get_state(self) -> dict[str, Any]:
         return {"summaries": [s.as_dict() for s in self.summaries]}
 
+    def renamed_state(self, state: dict[str, Any], renamed: Any) -> dict[str, Any]:
+        """``state`` with each epoch's metrics under this model's log keys (a restore's ``renamed``)."""
+        return {"summaries": [dict(s, metrics={renamed(k): v for k, v in s["metrics"].items()})
+                              for s in state.get("summaries", [])]}
+
     def set_state(self, state: dict[str, Any]) -> None:
         self.summaries = [EpochSummary(**s) for s in state.get("summaries", [])]
         if self.history is not None:
