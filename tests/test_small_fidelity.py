@@ -3,7 +3,10 @@
 - A mistake ``model.fit`` refuses (``class_weight`` with sample weights, a ``validation_split`` that leaves no
   training or no validation sample) gets ``model.fit``'s own error, exception type and text (kfit may add how to fix
   it), whichever way ``kfit.fit`` trains (``model.fit`` itself, or kfit's stream) and from ``FitOptions``.
+- What kfit cannot reproduce it says, once: ``steps_per_execution`` on a source of unknown length at resume.
 """
+
+import warnings
 
 import keras
 import numpy as np
@@ -98,3 +101,50 @@ def test_validation_data_overrides_validation_split_as_in_model_fit(path):
     history = kfit.fit(classifier(), **arguments, **path)
     assert [s.samples for s in history.epoch_summaries] == [N]
     np.testing.assert_allclose(history.history["val_loss"], expected["val_loss"], rtol=1e-6)
+
+
+# -- steps_per_execution on a source of unknown length read on across epochs --------------------------------------
+class _CrashAfter(keras.callbacks.Callback):
+    """Crashes as a call of the train function begins once the run has trained ``steps`` steps (kfit's clock)."""
+
+    def __init__(self, steps):
+        super().__init__()
+        self.steps = steps
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if kfit.get_clock(self.model).minibatches >= self.steps:
+            raise RuntimeError("crash")
+
+
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="Keras's PyTorch trainer refuses steps_per_execution")
+def test_steps_per_execution_on_a_source_of_unknown_length_says_once_at_resume_that_it_may_not_be_exact(tmp_path):
+    """``compile(steps_per_execution=2)``, a ``tf.data`` pipeline of unknown cardinality (7 batches a pass) read on
+    across epochs (``steps_per_epoch=3``): whether the call that finds a pass's end trains the batches it read before it
+    depends on the backend's loop, which kfit does not follow; a resumed run says so once, and nothing before."""
+    import tensorflow as tf
+
+    from kfit.data import _source
+
+    def train(said, *callbacks):
+        keras.utils.set_random_seed(4)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+        data = tf.data.Dataset.from_tensor_slices((X.repeat(5, 0), X[:, :1].repeat(5, 0))).batch(8)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                kfit.fit(model, data.filter(lambda x, y: True), epochs=4, steps_per_epoch=3, seed=0, verbose=0,
+                         callbacks=[kfit.callbacks.Checkpoint(tmp_path / "run.ckpt", frequency="1mb",
+                                                              async_write=False), *callbacks])
+            finally:
+                said += [str(w.message) for w in caught if "steps_per_execution" in str(w.message)]
+
+    before, at_resume = [], []
+    with pytest.raises(RuntimeError, match="crash"):
+        train(before, _CrashAfter(4))
+    train(at_resume)
+    assert before == []
+    assert at_resume == [_source.UNKNOWN_LENGTH_MULTI_STEP_RESUME]
+    assert at_resume[0].startswith("This resume may not be exact: with compile(steps_per_execution=N) for N > 1, a "
+                                   "source whose length Keras does not know (a tf.data pipeline of unknown cardinality")
+    assert "For an exact resume use steps_per_execution=1" in at_resume[0]
