@@ -1345,3 +1345,39 @@ def metric_names(model: Any) -> list[str]:
     own = {id(compiled), id(getattr(model, "_loss_tracker", None))}
     own |= {id(m) for m in getattr(getattr(model, "_compile_loss", None), "metrics", None) or []}
     return names + [m.name for m in getattr(model, "metrics", []) if id(m) not in own]
+
+
+def model_in_train_step() -> Any:
+    """The model whose train step is running (being traced, on TensorFlow) further up the stack: the ``self`` of the
+    nearest caller frame that is a ``keras.Model`` with a ``train_function`` (``model.fit`` built it before calling it;
+    Keras's ``fit`` and ``train_step`` are methods of the model); None outside one. Walks the frames: call it once per
+    trace, not per step. Keras internal (``train_function``), checked against Keras 3.15.1's source."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, keras.Model) and getattr(candidate, "train_function", None) is not None:
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+def convert_train_function_errors(model: Any, convert: Callable[[BaseException], BaseException | None]) -> None:
+    """Has ``model.train_function`` (what the loops of ``model.fit`` call for each step or execution) re-raise an error
+    ``convert(error)`` gives another one for as that one, ``from`` the error; once per train function. Left alone
+    while kfit wraps it for a run (:func:`after_each_train_call`, whose release restores what it wrapped). Keras
+    internal (``train_function``, read by ``fit`` at each call), checked against Keras 3.15.1's source."""
+    original = getattr(model, "train_function", None)
+    if original is None or hasattr(original, "_kfit_unwrapped") or hasattr(original, "_kfit_converts"):
+        return
+
+    def train_function(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except Exception as error:
+            converted = convert(error)
+            if converted is None:
+                raise
+            raise converted from error
+
+    train_function._kfit_converts = True
+    model.train_function = train_function

@@ -161,7 +161,7 @@ class AgreedStopCallback(keras.callbacks.Callback):
     callback) ends that worker's ``model.fit`` alone, and the job fails (under Horovod, with
     :class:`BroadcastGlobalVariablesCallback` or :class:`MetricAverageCallback` listed, the others' next step raises an
     error that names this callback; without either of them, Horovod's "shut down" error once the stopped worker's
-    script ends, naming this callback on PyTorch and JAX, or a hang while it goes on running). Put this
+    script ends, with kfit's hint naming this callback, or a hang while it goes on running). Put this
     callback last in ``model.fit``'s list: after every step and at every epoch end, the workers agree (one allreduce
     of two integers) and every worker stops if any worker's ``model.stop_training`` is set. The same allreduce agrees
     on a SIGTERM caught by ``kfit.callbacks.Checkpoint(save_on_preemption=True)`` on any worker, as :func:`kfit.fit`

@@ -156,8 +156,32 @@ def _tf_step_sum(tensors: list, name: str, average: bool) -> list:
     present = out.pop()[0] * (hvd.size() if average else 1)
     message = tf.strings.format(left_message("{}"), [hvd.size() - tf.cast(tf.round(present), tf.int32)])
     check = tf.debugging.Assert(present > hvd.size() - 0.5, [message])
+    if tf.inside_function():  # traced: the op's error reaches Python from the call of model.train_function
+        from kfit import _backend
+
+        _backend.convert_train_function_errors(_backend.model_in_train_step(), _tf_peer_left)
     with tf.control_dependencies([check]):
         return [tf.identity(t) for t in out]
+
+
+def _tf_peer_left(error: BaseException) -> BaseException | None:
+    """TensorFlow's error of the step's allreduce when a worker has left, with the hint of :func:`peer_left_hint`; of
+    the same class (``tf.errors.UnknownError``), which Horovod's and kfit's elastic modes recognize."""
+    import tensorflow as tf
+
+    if isinstance(error, tf.errors.OpError) and "Horovod has been shut down" in error.message:
+        return type(error)(error.node_def, error.op, f"{error.message}\n{peer_left_hint()}")
+    return None
+
+
+def peer_left_hint() -> str:
+    """What kfit adds to Horovod's error of a step's gradient allreduce when another worker has left."""
+    return (
+        f"kfit.distributed: the gradient allreduce of rank {plugin().rank()} failed: another worker left (it failed, "
+        "or its script ended). Under plain model.fit, a callback that sets model.stop_training on one worker alone "
+        "(keras.callbacks.EarlyStopping on its own logs, TerminateOnNaN, a callback of yours) ends its model.fit "
+        "alone: list kfit.distributed.AgreedStopCallback() after the callbacks that stop training, and every worker "
+        "stops after the same step (kfit.fit agrees by itself).")
 
 
 def _torch_step_sum(tensors: list, name: str, average: bool) -> list:
@@ -173,7 +197,7 @@ def _torch_step_sum(tensors: list, name: str, average: bool) -> list:
 
 def _torch_step_allreduce(tensors: list, op: Any, name: str) -> list:
     """The step's grouped allreduce on horovod.torch (PyTorch, JAX). Horovod's error when a worker has left (its
-    script ended, e.g. after a stop of its own without kfit's callbacks) gets a hint naming AgreedStopCallback; it
+    script ended, e.g. after a stop of its own without kfit's callbacks) gets :func:`peer_left_hint`; it
     stays a HorovodInternalError, which Horovod's elastic mode recovers from."""
     try:
         return list(_torch_wait(plugin().grouped_allreduce_async(tensors, op=op, name=name)))
@@ -182,12 +206,7 @@ def _torch_step_allreduce(tensors: list, op: Any, name: str) -> list:
 
         if not isinstance(error, HorovodInternalError):
             raise
-        raise HorovodInternalError(
-            f"{error}\nkfit.distributed: the gradient allreduce of rank {plugin().rank()} failed: another worker left "
-            "(it failed, or its script ended). Under plain model.fit, a callback that sets model.stop_training on one "
-            "worker alone (keras.callbacks.EarlyStopping on its own logs, TerminateOnNaN, a callback of yours) ends "
-            "its model.fit alone: list kfit.distributed.AgreedStopCallback() after the callbacks that stop training, "
-            "and every worker stops after the same step (kfit.fit agrees by itself).") from error
+        raise HorovodInternalError(f"{error}\n{peer_left_hint()}") from error
 
 
 def _check_present(flag: float, average: bool) -> None:
