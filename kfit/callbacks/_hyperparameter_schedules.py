@@ -67,10 +67,15 @@ class _HyperparameterSchedule(KfitCallback):
         self._unchanged: tuple | None = None
 
     def _coerce(self, schedule: Any, argument: str) -> Any:
-        raise NotImplementedError
+        from kfit import schedules
+
+        default_factory = getattr(schedules, f"{self.kind}_per_minibatch")
+        return _as_hyperparameter_schedule(schedule, self.kind, default_factory, argument)
 
     def _target_variable(self, optimizer: Any) -> Any:
-        raise NotImplementedError
+        from kfit.optimizers import hyperparameter_variable
+
+        return hyperparameter_variable(optimizer, self.kind)
 
     @property
     def scheduled_variable(self) -> Any:
@@ -324,16 +329,6 @@ class LearningRateSchedule(_HyperparameterSchedule):
     log_key = "lr"
     reset_method = "reset_learning_rate"
 
-    def _coerce(self, schedule: Any, argument: str) -> Any:
-        from kfit import schedules
-
-        return _as_hyperparameter_schedule(schedule, "learning_rate", schedules.learning_rate_per_minibatch, argument)
-
-    def _target_variable(self, optimizer: Any) -> Any:
-        from kfit.optimizers import hyperparameter_variable
-
-        return hyperparameter_variable(optimizer, "learning_rate")
-
     def learning_rate(self) -> float:
         """The learning rate in force now, in the schedule's unit (per sample for a per-sample schedule)."""
         return self.value()
@@ -393,11 +388,6 @@ class MomentumSchedule(_HyperparameterSchedule):
     kind = "momentum"
     log_key = "momentum"
     reset_method = "reset_momentum"
-
-    def _coerce(self, schedule: Any, argument: str) -> Any:
-        from kfit import schedules
-
-        return _as_hyperparameter_schedule(schedule, "momentum", schedules.momentum_per_minibatch, argument)
 
     def _target_variable(self, optimizer: Any) -> Any:
         from kfit.optimizers import hyperparameter_variable
