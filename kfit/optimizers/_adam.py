@@ -5,7 +5,7 @@ from keras import ops
 
 from kfit import _checks
 
-from ._hyperparameters import add_hyperparameter_variable, refuse_cntk_options, refuse_schedule
+from ._hyperparameters import add_hyperparameter_variable, checked_learning_rate
 
 _VARIANTS = ("keras", "cntk")
 
@@ -116,7 +116,7 @@ class Adam(keras.optimizers.Optimizer):
         beta_2_minibatch_size: float | None = None,
         **kwargs,
     ):
-        refuse_cntk_options("Adam", kwargs, {
+        learning_rate = checked_learning_rate("Adam", learning_rate, kwargs, ("beta_1", beta_1), {
             "momentum": lambda m: (
                 "CNTK's adam momentum is beta_1 here (per minibatch): give beta_1, or apply a momentum schedule "
                 "(momentum_as_time_constant, ...) with callbacks=[kfit.callbacks.MomentumSchedule(schedule)], which "
@@ -130,8 +130,6 @@ class Adam(keras.optimizers.Optimizer):
                 "kfit's Adam has no adamax variant; keras.optimizers.Adamax is Keras's (on the mean gradient, not "
                 "tested against CNTK's adamax=True)."),
         })
-        refuse_schedule("Adam", "learning_rate", learning_rate, "LearningRateSchedule")
-        refuse_schedule("Adam", "beta_1", beta_1, "MomentumSchedule")
         beta_1 = _checks.real("beta_1", beta_1, low=0.0, high=1.0, high_inclusive=False)
         beta_2 = _checks.real("beta_2", beta_2, low=0.0, high=1.0, high_inclusive=False)
         epsilon = _checks.real("epsilon", epsilon, low=0.0)
@@ -147,22 +145,11 @@ class Adam(keras.optimizers.Optimizer):
             raise ValueError(
                 "Invalid value for argument `amsgrad`: CNTK's adam has no AMSGrad; variant='cntk' is CNTK's update. "
                 "Received: amsgrad=True with variant='cntk'. Leave amsgrad out, or use variant='keras'.")
-        if isinstance(learning_rate, int) and not isinstance(learning_rate, bool):
-            learning_rate = float(learning_rate)  # Keras refuses an int rate
         super().__init__(
-            learning_rate=learning_rate,
-            weight_decay=weight_decay,
-            clipnorm=clipnorm,
-            clipvalue=clipvalue,
-            global_clipnorm=global_clipnorm,
-            use_ema=use_ema,
-            ema_momentum=ema_momentum,
-            ema_overwrite_frequency=ema_overwrite_frequency,
-            loss_scale_factor=loss_scale_factor,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            name=name,
-            **kwargs,
-        )
+            learning_rate=learning_rate, weight_decay=weight_decay, clipnorm=clipnorm, clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm, use_ema=use_ema, ema_momentum=ema_momentum,
+            ema_overwrite_frequency=ema_overwrite_frequency, loss_scale_factor=loss_scale_factor,
+            gradient_accumulation_steps=gradient_accumulation_steps, name=name, **kwargs)
         self.beta_2 = beta_2
         self.epsilon = epsilon
         self.amsgrad = amsgrad

@@ -53,6 +53,17 @@ def refuse_cntk_options(owner: str, given: dict, extra: dict | None = None) -> N
                              + options[name](value))
 
 
+def checked_learning_rate(owner: str, learning_rate: object, given: dict, momentum: tuple[str, object],
+                          cntk_options: dict | None = None) -> object:
+    """``learning_rate`` for Keras's optimizer (an int as a float: Keras refuses one), after refusing CNTK learner
+    options among the keywords ``given`` to ``owner`` and a schedule given as ``learning_rate`` or as the
+    hyperparameter a ``MomentumSchedule`` sets (``momentum``: its name and value)."""
+    refuse_cntk_options(owner, given, cntk_options)
+    refuse_schedule(owner, "learning_rate", learning_rate, "LearningRateSchedule")
+    refuse_schedule(owner, *momentum, "MomentumSchedule")
+    return float(learning_rate) if isinstance(learning_rate, int) and not isinstance(learning_rate, bool) else learning_rate
+
+
 def refuse_schedule(owner: str, name: str, value: object, callback: str) -> None:
     """Refuses a kfit (or CNTK-style) schedule given to an optimizer as a hyperparameter: a callback applies it."""
     from kfit.schedules import HyperparameterSchedule, Schedule

@@ -5,7 +5,7 @@ from keras import ops
 
 from kfit import _checks
 
-from ._hyperparameters import add_hyperparameter_variable, refuse_cntk_options, refuse_schedule
+from ._hyperparameters import add_hyperparameter_variable, checked_learning_rate
 
 _VARIANTS = ("cntk", "keras")
 
@@ -96,36 +96,17 @@ class MomentumSGD(keras.optimizers.Optimizer):
         name=None,
         **kwargs,
     ):
-        refuse_cntk_options("MomentumSGD", kwargs)
-        refuse_schedule("MomentumSGD", "learning_rate", learning_rate, "LearningRateSchedule")
-        refuse_schedule("MomentumSGD", "momentum", momentum, "MomentumSchedule")
+        learning_rate = checked_learning_rate("MomentumSGD", learning_rate, kwargs, ("momentum", momentum))
         momentum = _checks.real("momentum", momentum, low=0.0, high=1.0, high_inclusive=False)
         minibatch_size = _checks.real("minibatch_size", minibatch_size, low=0.0, low_inclusive=False)
         _checks.boolean("nesterov", nesterov)
         _checks.boolean("unit_gain", unit_gain)
-        if not isinstance(variant, str):
-            raise TypeError(f"Argument `variant` must be a string. Received: variant={variant!r}")
-        if variant not in _VARIANTS:
-            raise ValueError(
-                f"Invalid value for argument `variant`: expected one of {_VARIANTS}. "
-                f"Received: variant={variant!r}"
-            )
-        if isinstance(learning_rate, int) and not isinstance(learning_rate, bool):
-            learning_rate = float(learning_rate)  # Keras refuses an int rate
+        variant = _checks.choice("variant", variant, _VARIANTS)
         super().__init__(
-            learning_rate=learning_rate,
-            weight_decay=weight_decay,
-            clipnorm=clipnorm,
-            clipvalue=clipvalue,
-            global_clipnorm=global_clipnorm,
-            use_ema=use_ema,
-            ema_momentum=ema_momentum,
-            ema_overwrite_frequency=ema_overwrite_frequency,
-            loss_scale_factor=loss_scale_factor,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            name=name,
-            **kwargs,
-        )
+            learning_rate=learning_rate, weight_decay=weight_decay, clipnorm=clipnorm, clipvalue=clipvalue,
+            global_clipnorm=global_clipnorm, use_ema=use_ema, ema_momentum=ema_momentum,
+            ema_overwrite_frequency=ema_overwrite_frequency, loss_scale_factor=loss_scale_factor,
+            gradient_accumulation_steps=gradient_accumulation_steps, name=name, **kwargs)
         self.nesterov = nesterov
         self.unit_gain = unit_gain
         self.variant = variant
