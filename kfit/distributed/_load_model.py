@@ -83,7 +83,7 @@ def load_model(
             "so there is nothing to switch to. Received: legacy_opts=True. Leave legacy_opts out.")
     if not isinstance(safe_mode, bool):
         raise ValueError(f"Invalid value for argument `safe_mode`: expected True or False. Received: safe_mode={safe_mode!r}")
-    accepted = [p for p in inspect.signature(_optimizer.make_options).parameters if p != "compression"]
+    accepted = [p for p in _optimizer.OPTION_DEFAULTS if p != "compression"]
     unknown = sorted(set(optimizer_options) - set(accepted))
     if unknown:
         raise TypeError(

@@ -29,6 +29,7 @@ Horovod does: each worker's minibatch counts equally. Both assume a loss reduced
 
 from __future__ import annotations
 
+import inspect
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -245,39 +246,24 @@ def DistributedOptimizer(
         >>> type(opt).__name__, kfit.distributed.is_distributed(opt)
         ('SGD', True)
     """
+    given = {key: value for key, value in locals().items() if key != "optimizer"}  # the arguments, by name
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             "Argument `optimizer` must be a keras.optimizers.Optimizer. "
             f"Received: optimizer={optimizer!r} of type {type(optimizer).__name__}"
         )
-    options = make_options(
-        name=name, compression=compression, op=op, num_groups=num_groups, device_dense=device_dense,
-        device_sparse=device_sparse, sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor,
-        backward_passes_per_step=backward_passes_per_step, average_aggregated_gradients=average_aggregated_gradients,
-        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
+    options = make_options(**given)
     if not is_distributed(optimizer):
         optimizer.__class__ = _distributed_class(type(optimizer))
     object.__setattr__(optimizer, "_kfit_horovod_options", options)
     return optimizer
 
 
-def make_options(
-    name: str | None = None,
-    compression: str = Compression.none,
-    op: str = Average,
-    num_groups: int = 0,
-    *,
-    device_dense: str = "",
-    device_sparse: str = "",
-    sparse_as_dense: bool = False,
-    gradient_predivide_factor: float = 1.0,
-    backward_passes_per_step: int = 1,
-    average_aggregated_gradients: bool = False,
-    groups: int | None = None,
-    process_set: Any = None,
-    scale_local_gradients: bool = True,
-) -> _Options:
-    """:func:`DistributedOptimizer`'s arguments checked (the errors it documents) and resolved."""
+def make_options(**given: Any) -> _Options:
+    """:func:`DistributedOptimizer`'s arguments but ``optimizer``, by name (those left out take its defaults), checked
+    (the errors it documents) and resolved."""
+    given = {**OPTION_DEFAULTS, **given}
+    compression, op, num_groups, name = given["compression"], given["op"], given["num_groups"], given["name"]
     if compression not in (Compression.none, Compression.fp16):
         raise ValueError(
             "Invalid value for argument `compression`: expected kfit.distributed.Compression.none or "
@@ -295,17 +281,18 @@ def make_options(
         )
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
         raise ValueError(f"Invalid value for argument `num_groups`: expected a non-negative integer. Received: num_groups={num_groups!r}")
-    num_groups = _horovod_arguments(
-        device_dense=device_dense, device_sparse=device_sparse, sparse_as_dense=sparse_as_dense,
-        gradient_predivide_factor=gradient_predivide_factor, op=op, backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, groups=groups, num_groups=num_groups,
-        process_set=process_set, scale_local_gradients=scale_local_gradients)
+    num_groups = _horovod_arguments(given)
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"Invalid value for argument `name`: expected a non-empty string. Received: name={name!r}")
-    return _Options(op, compression, num_groups, name or GRADIENTS_NAME, float(gradient_predivide_factor))
+    return _Options(op, compression, num_groups, name or GRADIENTS_NAME, float(given["gradient_predivide_factor"]))
 
 
-def _horovod_arguments(**given: Any) -> int:
+#: :func:`DistributedOptimizer`'s arguments but ``optimizer``, with their defaults.
+OPTION_DEFAULTS = {name: p.default for name, p in inspect.signature(DistributedOptimizer).parameters.items()
+                   if name != "optimizer"}
+
+
+def _horovod_arguments(given: dict) -> int:
     """Checks Horovod's arguments that kfit accepts for compatibility; returns the number of groups."""
 
     def refuse(name: str, expected: str, fix: str = "") -> ValueError:
