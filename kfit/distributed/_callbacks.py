@@ -236,7 +236,42 @@ def _momentum_to_correct(optimizer: keras.optimizers.Optimizer, owner: str) -> k
     return None
 
 
-class LearningRateWarmupCallback(keras.callbacks.Callback):
+class _LearningRateCallback(keras.callbacks.Callback):
+    """Sets the optimizer's learning rate before steps; with ``momentum_correction``, a step whose rate changes from
+    ``lr`` to ``lr'`` uses ``mu * lr' / lr`` as its momentum (Goyal et al.), given back after the step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current_epoch = 0
+        self._lr_variable = None
+        self._momentum_variable = None
+        self._restore_momentum: float | None = None
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        from kfit.optimizers import hyperparameter_variable
+
+        optimizer = self._model.optimizer
+        self._lr_variable = hyperparameter_variable(optimizer, "learning_rate")
+        self._momentum_variable = _momentum_to_correct(optimizer, type(self).__name__) if self.momentum_correction else None
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.current_epoch = epoch
+
+    def _set_learning_rate(self, old_lr: float, new_lr: float) -> None:
+        model = self._model
+        _backend.set_variable(model, self._lr_variable, new_lr)
+        if self._momentum_variable is not None and old_lr and new_lr != old_lr:
+            momentum = float(_backend.read_variable(model, self._momentum_variable))
+            self._restore_momentum = momentum
+            _backend.set_variable(model, self._momentum_variable, momentum * new_lr / old_lr)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self._restore_momentum is not None:
+            _backend.set_variable(self._model, self._momentum_variable, self._restore_momentum)
+            self._restore_momentum = None
+
+
+class LearningRateWarmupCallback(_LearningRateCallback):
     """Gradual learning-rate warm-up from ``initial_lr / size()`` to ``initial_lr`` (Goyal et al., 2017).
 
     With ``size()`` workers the global minibatch is ``size()`` times larger, so the linear scaling rule
@@ -296,22 +331,14 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         self.steps_per_epoch = _checks.count("steps_per_epoch", steps_per_epoch, low=1, allow_none=True)
         self.verbose = verbose
         self.warmup_samples = _checks.count("warmup_samples", warmup_samples, low=1, allow_none=True)
-        self.current_epoch = 0
-        self._lr_variable = None
-        self._momentum_variable = None
-        self._restore_momentum: float | None = None
         self._last_lr: float | None = None
         self._finished = False
         self._announced = False
 
     # -- setup ---------------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
-        from kfit.optimizers import hyperparameter_variable
-
+        super().on_train_begin(logs)
         model = self._model
-        optimizer = model.optimizer
-        self._lr_variable = hyperparameter_variable(optimizer, "learning_rate")
-        self._momentum_variable = _momentum_to_correct(optimizer, type(self).__name__) if self.momentum_correction else None
         clock = getattr(current_run(model), "clock", None)
         if self.warmup_samples is not None and clock is None:
             raise ValueError(
@@ -326,9 +353,6 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
                 )
         self._last_lr = float(_backend.read_variable(model, self._lr_variable))
         self._finished = self._announced = False
-
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self.current_epoch = epoch
 
     # -- the schedule ----------------------------------------------------------------------------------
     def progress(self, batch: int) -> float | None:
@@ -360,18 +384,8 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
         old_lr = self._last_lr
         if new_lr == old_lr:
             return
-        model = self._model
-        _backend.set_variable(model, self._lr_variable, new_lr)
-        if self._momentum_variable is not None and old_lr:
-            momentum = float(_backend.read_variable(model, self._momentum_variable))
-            self._restore_momentum = momentum
-            _backend.set_variable(model, self._momentum_variable, momentum * new_lr / old_lr)
+        self._set_learning_rate(old_lr, new_lr)
         self._last_lr = new_lr
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self._restore_momentum is not None:
-            _backend.set_variable(self._model, self._momentum_variable, self._restore_momentum)
-            self._restore_momentum = None
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is not None and self._last_lr is not None:
@@ -381,7 +395,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {self._last_lr:g}.")
 
 
-class LearningRateScheduleCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallback(_LearningRateCallback):
     """Sets the learning rate to ``initial_lr * multiplier(epoch)`` between two epochs (Horovod's callback).
 
     The port of ``hvd.callbacks.LearningRateScheduleCallback``, with its arguments and meaning. In epochs
@@ -448,29 +462,17 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.staircase = _checks.boolean("staircase", staircase)
         self.momentum_correction = _checks.boolean("momentum_correction", momentum_correction)
         self.steps_per_epoch = _checks.count("steps_per_epoch", steps_per_epoch, low=1, allow_none=True)
-        self.current_epoch = 0
-        self._lr_variable = None
-        self._momentum_variable = None
-        self._restore_momentum: float | None = None
 
     def lr_at(self, epoch: float) -> float:
         """``initial_lr * multiplier(epoch)``: the rate the schedule sets at a (fractional) epoch."""
         return self.initial_lr * float(self.multiplier(epoch))
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        from kfit.optimizers import hyperparameter_variable
-
-        optimizer = self._model.optimizer
-        self._lr_variable = hyperparameter_variable(optimizer, "learning_rate")
-        owner = type(self).__name__
-        self._momentum_variable = _momentum_to_correct(optimizer, owner) if self.momentum_correction else None
+        super().on_train_begin(logs)
         if not self.staircase and not self.steps_per_epoch:
             self.steps_per_epoch = (self.params or {}).get("steps")
             if not self.steps_per_epoch:
-                raise ValueError(f"{owner}(staircase=False) could not find the number of steps per epoch: pass steps_per_epoch=...")
-
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self.current_epoch = epoch
+                raise ValueError(f"{type(self).__name__}(staircase=False) could not find the number of steps per epoch: pass steps_per_epoch=...")
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         epoch = self.current_epoch
@@ -479,18 +481,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if self.staircase and batch != 0:
             return
         new_lr = self.lr_at(epoch if self.staircase else epoch + batch / self.steps_per_epoch)
-        model = self._model
-        old_lr = float(_backend.read_variable(model, self._lr_variable))
-        _backend.set_variable(model, self._lr_variable, new_lr)
-        if self._momentum_variable is not None and old_lr and new_lr != old_lr:
-            momentum = float(_backend.read_variable(model, self._momentum_variable))
-            self._restore_momentum = momentum
-            _backend.set_variable(model, self._momentum_variable, momentum * new_lr / old_lr)
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self._restore_momentum is not None:
-            _backend.set_variable(self._model, self._momentum_variable, self._restore_momentum)
-            self._restore_momentum = None
+        self._set_learning_rate(float(_backend.read_variable(self._model, self._lr_variable)), new_lr)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is not None and self._lr_variable is not None:
