@@ -274,7 +274,8 @@ def _short(value: Any) -> str:
 
 
 def cntk_keywords(owner: str, minibatch_size: Any, mb_size: Any, criterion: Any, model_inputs_to_streams: Any) -> Any:
-    """The evaluation minibatch size once CNTK's ``CrossValidationConfig``/``TestConfig`` keywords are read.
+    """The evaluation minibatch size once CNTK's ``CrossValidationConfig``/``TestConfig`` keywords are read, checked
+    (:func:`check_minibatch_size`).
 
     ``mb_size`` is CNTK's deprecated name of ``minibatch_size``: taken for it (refused when both are given
     and differ). ``criterion`` and ``model_inputs_to_streams`` have no counterpart in Keras: refused, saying
@@ -301,7 +302,7 @@ def cntk_keywords(owner: str, minibatch_size: Any, mb_size: Any, criterion: Any,
                 f"minibatch_size; give one of them. Received: minibatch_size={minibatch_size!r}, mb_size={mb_size!r}"
             )
         minibatch_size = mb_size
-    return DEFAULT_MINIBATCH_SIZE if minibatch_size is None else minibatch_size
+    return check_minibatch_size(DEFAULT_MINIBATCH_SIZE if minibatch_size is None else minibatch_size, owner)
 
 
 def cntk_data(owner: str, data: Any, minibatch_source: Any, source: Any, optional: bool = False) -> Any:
@@ -320,6 +321,13 @@ def cntk_data(owner: str, data: Any, minibatch_source: Any, source: Any, optiona
             f"accepted as its names){alone}. Received: {received}"
         )
     return given[0][1]
+
+
+def check_metric(metric: Any) -> str | None:
+    """``metric``, a metric's name or None; anything else is refused."""
+    if metric is not None and (not isinstance(metric, str) or not metric):
+        raise ValueError(f"Invalid value for argument `metric`: expected a metric's name or None. Received: metric={metric!r}")
+    return metric
 
 
 def minibatch_size_at(size: Any, clock: Clock | None) -> int:
@@ -524,7 +532,7 @@ class CrossValidation(KfitCallback):
         super().__init__(name=name)
         owner = "CrossValidation"
         data = cntk_data(owner, data, minibatch_source, source, optional=callback is not None)
-        minibatch_size = cntk_keywords(owner, minibatch_size, mb_size, criterion, model_inputs_to_streams)
+        self.minibatch_size = cntk_keywords(owner, minibatch_size, mb_size, criterion, model_inputs_to_streams)
         if isinstance(frequency, int) and not isinstance(frequency, bool) and frequency >= sys.maxsize:
             # CNTK's CrossValidationConfig: sys.maxsize (or None) is one cross-validation, at the end of training.
             raise ValueError(
@@ -540,16 +548,13 @@ class CrossValidation(KfitCallback):
         #: When it evaluates: an :class:`kfit.interval.Interval` (by default every epoch end, ``"1ep"``).
         self.interval = Interval.parse(frequency)
         self.frequency = self.interval.value if self.interval.unit == "sp" else None
-        self.minibatch_size = check_minibatch_size(minibatch_size, owner)
         if callback is not None and not callable(callback):
             raise TypeError(f"Invalid value for argument `callback`: expected a callable or None. Received: callback={callback!r}")
         self.callback = callback
         if max_samples is FULL_DATA_SWEEP:  # CNTK's one pass over the data: all of it
             max_samples = None
         self.max_samples = _checks.count("max_samples", max_samples, low=1, allow_none=True)
-        if metric is not None and (not isinstance(metric, str) or not metric):
-            raise ValueError(f"Invalid value for argument `metric`: expected a metric's name or None. Received: metric={metric!r}")
-        self.metric = metric
+        self.metric = check_metric(metric)
         self._restored = False
         #: The samples this worker evaluated in the latest evaluation (its share when sharded; 0 before any).
         self.evaluated_samples = 0

@@ -7,7 +7,7 @@ from typing import Any
 from kfit.callbacks._base import KfitCallback
 from kfit.callbacks._cross_validation import (
     EvaluationData,
-    check_minibatch_size,
+    check_metric,
     cntk_data,
     cntk_keywords,
     evaluation_logs,
@@ -86,12 +86,9 @@ class Test(KfitCallback):
     ):
         super().__init__(name=name)
         data = cntk_data("Test", data, minibatch_source, source)
-        minibatch_size = cntk_keywords("Test", minibatch_size, mb_size, criterion, model_inputs_to_streams)
+        self.minibatch_size = cntk_keywords("Test", minibatch_size, mb_size, criterion, model_inputs_to_streams)
         self.data = EvaluationData(data, "Test", reusable=False)
-        self.minibatch_size = check_minibatch_size(minibatch_size, "Test")
-        if metric is not None and (not isinstance(metric, str) or not metric):
-            raise ValueError(f"Invalid value for argument `metric`: expected a metric's name or None. Received: metric={metric!r}")
-        self.metric = metric
+        self.metric = check_metric(metric)
         if verbose not in (0, 1, True, False):
             raise ValueError(f"Invalid value for argument `verbose`: expected 0 or 1. Received: verbose={verbose!r}")
         self.verbose = int(verbose)
