@@ -134,16 +134,21 @@ def broadcast_bytes(payload: bytes | None, root_rank: int, name: str) -> bytes:
 # Every worker's step sum carries one more number, 1 (its presence): a worker whose model.fit ended joined Horovod
 # (:meth:`HorovodEngine.leave`) and gives zeros to the others' allreduces instead, so a step that sums fewer than ``size()`` is
 # refused (:func:`left_message`) instead of training on, or hanging in the next host collective.
+
+# What to do about a stop one worker decided alone under plain model.fit (no apostrophes: see left_message).
+_LONE_STOP_FIX = (
+    "(keras.callbacks.EarlyStopping deciding on the logs of one worker, TerminateOnNaN, a callback of yours): list "
+    "kfit.distributed.AgreedStopCallback() after the callbacks that stop training, in the callbacks of model.fit, and "
+    "every worker stops after the same step (kfit.fit agrees by itself).")
+
+
 def left_message(gone: Any) -> str:
     """The error of a step that ``gone`` of the workers did not take part in: their model.fit had ended (no
     apostrophes: TensorFlow's assertion error escapes them)."""
     return (
         f"kfit.distributed: the train step of rank {plugin().rank()} found {gone} of the {plugin().size()} workers gone: "
-        "their model.fit ended while this worker trained on. A callback set model.stop_training on those workers "
-        "alone (keras.callbacks.EarlyStopping deciding on the logs of one worker, TerminateOnNaN, a callback of yours): "
-        "list kfit.distributed.AgreedStopCallback() after the callbacks that stop training, in the callbacks of "
-        "model.fit, and every worker stops after the same step (kfit.fit agrees by itself). The logs of the other "
-        "workers say where they stopped.")
+        "their model.fit ended while this worker trained on. A callback set model.stop_training on those workers alone "
+        f"{_LONE_STOP_FIX} The logs of the other workers say where they stopped.")
 
 
 def _tf_step_sum(tensors: list, name: str, average: bool) -> list:
@@ -178,10 +183,8 @@ def peer_left_hint() -> str:
     """What kfit adds to Horovod's error of a step's gradient allreduce when another worker has left."""
     return (
         f"kfit.distributed: the gradient allreduce of rank {plugin().rank()} failed: another worker left (it failed, "
-        "or its script ended). Under plain model.fit, a callback that sets model.stop_training on one worker alone "
-        "(keras.callbacks.EarlyStopping on its own logs, TerminateOnNaN, a callback of yours) ends its model.fit "
-        "alone: list kfit.distributed.AgreedStopCallback() after the callbacks that stop training, and every worker "
-        "stops after the same step (kfit.fit agrees by itself).")
+        "or its script ended). Under plain model.fit, a callback may have set model.stop_training on that worker alone "
+        f"{_LONE_STOP_FIX}")
 
 
 def _torch_step_sum(tensors: list, name: str, average: bool) -> list:
@@ -326,10 +329,8 @@ class HorovodEngine(Engine):
         except Exception as error:  # (HorovodInternalError, or TensorFlow's error of the op): a worker failed
             raise WorkerLostError(
                 f"kfit.distributed: rank {self.rank()} of {self.size()} stopped training alone ({where}), and the "
-                f"others went on: a callback set model.stop_training on this worker only (Keras's EarlyStopping on "
-                f"its own logs, TerminateOnNaN, your own callback). List kfit.distributed.AgreedStopCallback() after "
-                f"the callbacks that stop training, in model.fit's callbacks, and every worker stops after the same "
-                f"step (kfit.fit agrees by itself). ({type(error).__name__}: {error})") from error
+                f"others went on: a callback set model.stop_training on this worker only {_LONE_STOP_FIX} "
+                f"({type(error).__name__}: {error})") from error
 
     def before_host_collective(self) -> None:
         if BACKEND == "jax":
