@@ -81,13 +81,9 @@ def _groups(items: list, num_groups: int) -> list[list]:
     if num_groups <= 1 or len(items) <= 1:
         return [items]
     num_groups = min(num_groups, len(items))
-    size, extra = divmod(len(items), num_groups)
-    out, start = [], 0
-    for g in range(num_groups):
-        stop = start + size + (1 if g < extra else 0)
-        out.append(items[start:stop])
-        start = stop
-    return out
+    size, extra = divmod(len(items), num_groups)  # the first `extra` groups get one item more
+    bounds = [g * size + min(g, extra) for g in range(num_groups + 1)]
+    return [items[start:stop] for start, stop in zip(bounds, bounds[1:])]
 
 
 def reduce_gradients(grads: list, options: _Options) -> list:
