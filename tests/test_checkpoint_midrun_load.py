@@ -398,8 +398,8 @@ def test_the_tensorboard_writer_puts_the_epoch_a_load_ends_where_a_resume_of_a_f
     """The checkpoint of sample 140, without the writer's state, loaded at the end of the second epoch of kfit.fit by a
     callback before the writer: that epoch's points went to the restored reading, 140, and stayed there after the
     restart mark (at 141, as for any file without the writer's state), where a resume of the file shows the stopped
-    run's points of that epoch (at 200) hidden by the mark. (The minibatch size aside: the resumed writer, without
-    state, marks the size again at 140; the loaded one keeps its state, with the size it marked at 100.)"""
+    run's points of that epoch (at 200) hidden by the mark. The minibatch size too: the resumed writer, without
+    state, marks the size again at 140; the loaded one kept the size it had marked at 100 and wrote none there."""
     from test_tensorboard import read_scalars
 
     file = _without_printer_and_writer_state(tmp_path)
@@ -416,6 +416,173 @@ def test_the_tensorboard_writer_puts_the_epoch_a_load_ends_where_a_resume_of_a_f
     shutil.copytree(tmp_path / "whole", tmp_path / "resumed")  # (the resume adds its file to the stopped run's)
     resumed = shown(tmp_path / "resumed", 2, [kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"), frequency="100ep")])
     assert [step for step, _ in loaded["loss"]] == [100, 200]
-    assert resumed.pop("minibatch_size") == [(0, 16.0), (100, 16.0), (100, 20.0), (140, 20.0), (200, 20.0)]
-    assert loaded.pop("minibatch_size") == [(0, 16.0), (100, 16.0), (100, 20.0), (200, 20.0)]
+    assert resumed["minibatch_size"] == [(0, 16.0), (100, 16.0), (100, 20.0), (140, 20.0), (200, 20.0)]
     assert loaded == resumed
+
+
+@pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])
+def test_the_tensorboard_minibatch_size_after_a_load_of_a_file_without_the_writers_state_is_a_resumes(tmp_path, loop):
+    """The checkpoint of sample 100, written by a run without a TensorBoardProgressWriter, loaded at the end of the
+    second epoch: a resume of the file marks the minibatch size again after its restart mark (at 100), as a writer
+    that starts afresh does; the loaded writer kept the sizes it had written before the load and wrote no point at 100
+    after the mark, so TensorBoard's minibatch_size curve had one point less than the resume's."""
+    from test_tensorboard import read_scalars
+
+    path = str(tmp_path / "c.ckpt")
+    train(loop, make_model(), 1, [kfit.callbacks.Checkpoint(path, async_write=False)])
+
+    def shown(log_dir, epochs, callbacks):
+        train(loop, make_model(), epochs, [*callbacks, kfit.callbacks.TensorBoardProgressWriter(log_dir, freq=2)])
+        return {tag: points for tag, points in read_scalars(log_dir).items() if tag != "samples_per_second"}
+
+    shown(tmp_path / "whole", 2, [])
+    loaded = shown(tmp_path / "loaded", 3, [LoadAtEpochEnd(path, epoch=1)])
+    shutil.copytree(tmp_path / "whole", tmp_path / "resumed")  # (the resume adds its file to the stopped run's)
+    shutil.copy(path, tmp_path / "r.ckpt")
+    resumed = shown(tmp_path / "resumed", 2, [kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"), frequency="100ep")])
+    sizes = [(0, 16.0), (100, 16.0), (100, 20.0), (100, 20.0), (200, 20.0)] if loop == "kfit.fit" else [
+        (0, 16.0), (100, 16.0), (100, 16.0), (200, 16.0)]  # (at 100: the epoch's end, then the mark's size)
+    assert resumed["minibatch_size"] == sizes
+    assert loaded == resumed
+
+
+class Preempted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("loop", ["kfit.fit", "model.fit"])
+def test_a_checkpoint_written_right_after_a_load_resumes_to_the_tensorboard_points_of_the_run_with_the_load(
+        tmp_path, loop):
+    """A checkpoint written at the epoch end where kfit.load_checkpoint restored the file of sample 100: the writer had
+    not written its restart mark yet, and the checkpoint held no points at its reading (100) where the loaded file held
+    the first epoch's; a run resumed from it marked the restart at 100 and wrote none of them again, so TensorBoard
+    lost the first epoch's loss, rate and sizes at 100, which the run that went on after the load shows."""
+    from test_tensorboard import read_scalars
+
+    path, second = str(tmp_path / "c.ckpt"), str(tmp_path / "second.ckpt")
+    train(loop, make_model(), 1, [kfit.callbacks.Checkpoint(path, async_write=False)])
+
+    class PreemptAtEpochBegin(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 2:
+                raise Preempted
+
+    def shown(log_dir, epochs, callbacks):
+        train(loop, make_model(), epochs, [*callbacks, kfit.callbacks.TensorBoardProgressWriter(log_dir, freq=2)])
+        return {tag: points for tag, points in read_scalars(log_dir).items() if tag != "samples_per_second"}
+
+    went_on = shown(tmp_path / "went_on", 3, [LoadAtEpochEnd(path, epoch=1)])
+    with pytest.raises(Preempted):
+        shown(tmp_path / "resumed", 3, [LoadAtEpochEnd(path, epoch=1), PreemptAtEpochBegin(),
+                                        kfit.callbacks.Checkpoint(second, async_write=False)])
+    assert kfit.checkpoint.read_checkpoint_info(second).samples == 100
+    resumed = shown(tmp_path / "resumed", 2, [kfit.callbacks.Checkpoint(second, frequency="100ep")])
+    assert [step for step, _ in went_on["loss"]] == [100, 200]
+    assert resumed == went_on
+
+
+def _unknown_length(kind):
+    """96 samples in minibatches of 16, as data whose length model.fit does not know (without num_samples the clock
+    counts every step as batch_size samples: no short last minibatch)."""
+    x, y = (part[:96] for part in data())
+    if kind == "generator":  # (one epoch: a Python generator is used up by it)
+        return (((x[i:i + 16], y[i:i + 16]) for i in range(0, 96, 16)),)
+    import tensorflow as tf
+
+    return (tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda *_: True).batch(16),)
+
+
+def _fit_on_unknown_length(kind, model, epochs, callbacks):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the restore notes: checked elsewhere)
+        return model.fit(*_unknown_length(kind), epochs=epochs, verbose=0,
+                         callbacks=[kfit.callbacks.SampleClock(batch_size=16), *callbacks])
+
+
+def _state(model):
+    """The values of the model's and its optimizer's variables, and the clock's samples and minibatches."""
+    return ([np.array(keras.ops.convert_to_numpy(v.value)) for v in [*model.variables, *model.optimizer.variables]],
+            kfit.get_clock(model).samples, kfit.get_clock(model).minibatches)
+
+
+@pytest.mark.parametrize("kind", ["generator", "tf.data"])
+def test_a_load_inside_an_epoch_of_unknown_length_is_refused_and_changes_nothing(tmp_path, kind):
+    """Under plain model.fit on data of unknown length (a generator, a filtered tf.data) with SampleClock(batch_size)
+    and no num_samples, the clock knows no epoch length: a load after the second step of the first epoch was not
+    refused, and the clock went back to the file's 96 samples where model.fit went on with the epoch's third
+    step. It is refused now as on data of known length (the epoch has begun and not ended), before it changes the
+    weights, the optimizer or the clock."""
+    path = str(tmp_path / "c.ckpt")
+    _fit_on_unknown_length("tf.data", make_model(), 1, [kfit.callbacks.Checkpoint(path, async_write=False)])
+    assert kfit.checkpoint.read_checkpoint_info(path).samples == 96
+
+    class LoadAtBatchEnd(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:
+                self.before = _state(self.model)
+                try:
+                    kfit.load_checkpoint(path, self.model)
+                finally:
+                    self.after = _state(self.model)
+
+    model, load = make_model(), LoadAtBatchEnd()
+    with pytest.raises(RuntimeError, match=r"inside an epoch of model\.fit \(at sample 32\).*on_epoch_end.*"
+                                           r"Nothing was restored"):
+        _fit_on_unknown_length(kind, model, 1, [load])
+    assert load.before[1:] == load.after[1:] == (32, 2)
+    for before, after, variable in zip(load.before[0], load.after[0], [*model.variables, *model.optimizer.variables],
+                                       strict=True):
+        np.testing.assert_array_equal(before, after, err_msg=variable.path)
+
+
+@pytest.mark.parametrize("hook", ["on_epoch_end", "on_epoch_begin"])
+def test_a_load_between_epochs_of_unknown_length_trains_as_a_resume_of_the_file(tmp_path, hook):
+    """On the same data, a load between two epochs goes on: at the end of the second epoch, or as the third begins,
+    the checkpoint of sample 96 trains the third epoch as a resume of the file trains its second."""
+    path = str(tmp_path / "c.ckpt")
+    _fit_on_unknown_length("tf.data", make_model(), 1, [kfit.callbacks.Checkpoint(path, async_write=False)])
+
+    class Load(keras.callbacks.Callback):
+        pass
+
+    setattr(Load, hook, lambda self, epoch, logs=None: kfit.load_checkpoint(path, self.model) if epoch == (
+        1 if hook == "on_epoch_end" else 2) else None)
+    loaded = make_model()
+    _fit_on_unknown_length("tf.data", loaded, 3, [Load()])
+    shutil.copy(path, tmp_path / "r.ckpt")
+    resumed = make_model()
+    _fit_on_unknown_length("tf.data", resumed, 2, [kfit.callbacks.Checkpoint(str(tmp_path / "r.ckpt"),
+                                                                              frequency="100ep")])
+    assert kfit.get_clock(loaded).samples == 192
+    assert_same_weights(loaded, resumed)
+
+
+def test_a_load_at_an_epoch_end_of_unknown_length_listed_before_the_sample_clock_is_refused_saying_where_to_list_it(
+        tmp_path):
+    """On data of unknown length only the epoch's end tells that its last step has run: a callback listed before every
+    kfit callback loads at the epoch's end before kfit has been told of it. That load was not refused and, on JAX and
+    TensorFlow, the step Keras began past the end of the data was counted on the restored clock (208 samples after the
+    third epoch, where a resume of the file ends at 192). It is refused now, saying to list the callback after
+    SampleClock, and changes nothing."""
+    path = str(tmp_path / "c.ckpt")
+    _fit_on_unknown_length("tf.data", make_model(), 1, [kfit.callbacks.Checkpoint(path, async_write=False)])
+
+    class LoadAtEpochEndListedFirst(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                self.before = _state(self.model)
+                try:
+                    kfit.load_checkpoint(path, self.model)
+                finally:
+                    self.after = _state(self.model)
+
+    model, load = make_model(), LoadAtEpochEndListedFirst()
+    with warnings.catch_warnings(), pytest.raises(RuntimeError, match=r"\(at sample 192\).*Nothing was restored\. On "
+                                                  r"data of unknown length .* after kfit\.callbacks\.SampleClock\."):
+        warnings.simplefilter("ignore")
+        model.fit(*_unknown_length("tf.data"), epochs=3, verbose=0,
+                  callbacks=[load, kfit.callbacks.SampleClock(batch_size=16)])
+    assert load.before[1:] == load.after[1:] == (192, 12)
+    for before, after, variable in zip(load.before[0], load.after[0], [*model.variables, *model.optimizer.variables],
+                                       strict=True):
+        np.testing.assert_array_equal(before, after, err_msg=variable.path)

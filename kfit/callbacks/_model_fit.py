@@ -186,10 +186,16 @@ class FitDriver(StepDriver):
         #: The step planned last has run (told by :meth:`step_ran`): a Keras callback that reads the clock before any
         #: kfit callback's hook has counted it finds it counted (``kfit.get_clock``), whatever the callbacks' order.
         self.ran = False
+        #: The clock as the epoch in progress began (``SampleClock.on_epoch_begin``); None once it has ended
+        #: (:meth:`epoch_ends`), or before the first.
+        self.epoch_began: int | None = None
 
     def inside_epoch(self, clock: Clock) -> bool:
-        """True between two steps of one epoch of known length: model.fit goes on with the epoch's next step."""
-        return bool(clock.epoch_size) and clock.samples_in_epoch != 0
+        """True between two steps of one epoch, where model.fit goes on with the epoch's next step: a step of the epoch
+        has been counted and the epoch has not ended, unless that step ended an epoch of known length (the next step
+        begins the next epoch). On data of unknown length every step may be the last: only the epoch's end tells."""
+        began = self.epoch_began
+        return began is not None and clock.samples != began and not (clock.epoch_size and clock.samples_in_epoch == 0)
 
     def step_ran(self) -> None:
         """Called when Keras's train function returns (``SampleClock`` wraps it)."""
@@ -273,6 +279,7 @@ class FitDriver(StepDriver):
             if extra > 0:
                 clock.samples -= extra * self.batch_size
                 clock.minibatches -= extra
+        self.epoch_began = None
         if self.past_end:
             self.past_end = False
             run.set_values_again()

@@ -103,6 +103,7 @@ class SampleClock(KfitCallback):
         driver = self.training_run.driver
         if isinstance(driver, FitDriver):
             driver.epoch_start = clock.samples if self._unknown_length else None
+            driver.epoch_began = clock.samples
         if self.__dict__.get("on_train_batch_begin") is not None:
             if self._epoch_start is None:
                 self._epoch_start = clock.samples
@@ -136,6 +137,18 @@ class SampleClock(KfitCallback):
                 "the batch_size given to model.fit (model.fit(..., batch_size=B) and SampleClock(batch_size=B); "
                 "model.fit's default is 32)."
             )
+
+    def _clock_restored(self, samples: int, minibatches: int) -> None:
+        """``kfit.load_checkpoint`` from a callback of the run moved the clock from ``samples``: the readings taken as
+        the epoch began move with it (a load as an epoch begins, after this callback's ``on_epoch_begin``: the epoch's
+        end compared Keras's count of its samples with the steps counted since the reading before the load)."""
+        moved = self.clock.samples - samples
+        driver = self.training_run.driver
+        if self._epoch_start is not None:
+            self._epoch_start += moved
+        if isinstance(driver, FitDriver):
+            driver.epoch_start, driver.epoch_began = (
+                None if start is None else start + moved for start in (driver.epoch_start, driver.epoch_began))
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         """Counts the epoch's last step (the flush happens in the hook wrapper)."""

@@ -376,6 +376,8 @@ class TensorBoardProgressWriter(KfitCallback):
         self._intervals.epoch_start_samples += moved
         self._intervals.epoch_start_minibatches += clock.minibatches - minibatches
         self._started = False
+        if self._restored_points is None:  # (a file without the writer's state: a resume's writer starts afresh)
+            self._scheduled.reset()
         # The epoch it ends was trained to the reading before: its points go there, as the run that wrote the points
         # a resume of the file goes on from (the restart mark at the restored reading hides them, as it hides those).
         self._ended_before_load = (clock.samples, samples)
@@ -390,7 +392,10 @@ class TensorBoardProgressWriter(KfitCallback):
         clock = getattr(getattr(self, "_run", None), "clock", None)
         step, points = self._points
         at_clock = points if clock is not None and step == clock.samples else []
-        return {"intervals": self._intervals.get_state(), "points_at_clock": [[tag, value] for tag, value in at_clock],
+        if not self._started:  # restored (a resume, a load), the restart mark to come: the points restored with it
+            at_clock = self._restored_points
+        return {"intervals": self._intervals.get_state(),
+                "points_at_clock": None if at_clock is None else [[tag, value] for tag, value in at_clock],
                 "scheduled": self._scheduled.get_state()}
 
     def renamed_state(self, state: dict[str, Any], renamed: Any) -> dict[str, Any]:

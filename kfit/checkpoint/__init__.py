@@ -238,11 +238,11 @@ def load_checkpoint(
             them, as an exact resume needs).
 
     From a callback of a run, the load must come between two epochs (``on_epoch_end``): between two steps of an epoch
-    (a batch hook) it is refused with a ``RuntimeError``, before anything changes (under plain ``model.fit``, where
-    the clock knows the epoch's length: data of known length, or ``SampleClock``'s ``num_samples``). Under plain
-    ``model.fit`` the training metrics are left as they are (as a resume, which restarts the epoch, leaves them out),
-    and a file written inside an epoch puts the clock at that epoch's start, from which ``model.fit``'s next epoch
-    trains it, as a resume of the file does.
+    (a batch hook) it is refused with a ``RuntimeError``, before anything changes (under plain ``model.fit`` on data
+    of unknown length too, where only a kfit callback's ``on_epoch_end`` tells that the epoch has ended: list the
+    callback that loads after ``SampleClock``). Under plain ``model.fit`` the training metrics are left as they are
+    (as a resume, which restarts the epoch, leaves them out), and a file written inside an epoch puts the clock at
+    that epoch's start, from which ``model.fit``'s next epoch trains it, as a resume of the file does.
 
     A callback the file holds no state for keeps the state it has.
 
@@ -280,7 +280,8 @@ def load_checkpoint(
     if into_run and getattr(run.driver, "ran", False):
         run.flush()  # a step that has run, not counted yet (model.fit: at the next kfit hook), on the clock it ran on
     if into_run and getattr(run.driver, "inside_epoch", lambda clock: False)(run.clock):
-        raise RuntimeError(_INSIDE_EPOCH[run.kfit_fit].format(path=path, samples=run.clock.samples))
+        unknown = "" if run.kfit_fit or run.clock.epoch_size else _UNKNOWN_LENGTH
+        raise RuntimeError(_INSIDE_EPOCH[run.kfit_fit].format(path=path, samples=run.clock.samples) + unknown)
     if into_run and run.loop is not None:  # (a clock attached by hand has none)
         run.loop.prepare_load(run, restore)
     before = (run.clock.samples, run.clock.minibatches) if into_run else None
@@ -313,6 +314,9 @@ _INSIDE_EPOCH = {
            "between epochs: call it from on_epoch_end, or set self.model.stop_training = True and train again with "
            "Checkpoint(path, restore=True) (kfit.fit resumes inside the epoch, exactly). Nothing was restored.",
 }
+_UNKNOWN_LENGTH = (" On data of unknown length (a generator, a tf.data pipeline without steps_per_epoch) every step may "
+                   "be the epoch's last: kfit knows that the epoch has ended once a kfit callback's on_epoch_end has "
+                   "run, so list a callback that loads there after kfit.callbacks.SampleClock.")
 
 
 def read_checkpoint_info(path: str | os.PathLike, verify: bool = True) -> CheckpointInfo:
