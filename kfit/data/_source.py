@@ -262,6 +262,8 @@ class SourceAdapter(_backend.DataAdapter):
         #: reader has found the first pass ended (None before), and the batches read of the pass now open.
         self.pass_batches: int | None = None
         self._in_pass = 0
+        #: Resumed mid-epoch on a DataLoader: (the batches of the pass read, torch's default generator's state then).
+        self._default_state_at: tuple | None = None
         self._learns: bool | None = None  # (see _learns_pass_length)
         #: The checkpoint resumed from said what it knew of the pass length (``pass_batches``: a file written before
         #: kfit saved it does not).
@@ -656,8 +658,10 @@ class SourceAdapter(_backend.DataAdapter):
         end, the generators are put where they were then (a sampler with a generator of its own draws once more as its
         pass ends), and the next pass draws from there. Saved mid-epoch, the states the epoch's pass began from are
         put back for the pass's own draws, made as it yields its first batch; torch's default generator then goes back
-        to the checkpoint's state on the PyTorch backend (dropout draws from it), as Python's does (a PyDataset's
-        order), and otherwise every generator goes on from those draws, as in the uninterrupted run."""
+        to the checkpoint's state once the pass is read as far as it was then (on PyTorch the process's, which dropout
+        draws from; on JAX the one saved with the pass: an evaluation of a DataLoader inside the epoch drew from it; see
+        :meth:`_put_default_generator_back`), as Python's does at once (a PyDataset's order), and the loader's own
+        generators go on from those draws, as in the uninterrupted run."""
         generators = self._generators()
         self._pass_end_states = None
         self._pass_start = self._samples_read
@@ -674,7 +678,12 @@ class SourceAdapter(_backend.DataAdapter):
                 _set_generator_states(generators, saved["start"])
                 iterator = iter(self._passes())
                 first = next(iterator, _END)
-                if restored is not None:
+                if self._loader is not None and saved.get("read") and _backend.BACKEND != "tensorflow":
+                    # once the pass is read as far as when the checkpoint was written (a sampler may draw as it is
+                    # read); not on TensorFlow, whose loop reads the pass on a tf.data thread: the generator's state as
+                    # a checkpoint is written is not tied to the batches read there, and it goes on from the pass's draws
+                    self._default_state_at = (saved["read"], saved["now"][0] if restored is None else restored)
+                elif restored is not None:
                     generators[0].set_state(restored)
                 self._pass_state = saved["start"]
                 return iterator if first is _END else itertools.chain([first], iterator)
@@ -684,8 +693,17 @@ class SourceAdapter(_backend.DataAdapter):
     def _read_one(self, size: int) -> None:
         """Counts a batch kfit's reader read from the pass now open."""
         self._in_pass += 1
+        self._put_default_generator_back()
         if self.continues and self._saves_draws:
             self._count_read(size)
+
+    def _put_default_generator_back(self) -> None:
+        """Resumed mid-epoch on a DataLoader: puts torch's default generator where the checkpoint found it once the
+        pass reopened is read as far as it was then (what drew from it after the pass's own draws, say an evaluation
+        of a DataLoader inside the epoch, is then drawn; on PyTorch dropout draws from it too)."""
+        if self._default_state_at is not None and self._in_pass >= self._default_state_at[0]:
+            state, self._default_state_at = self._default_state_at[1], None
+            _set_generator_states(self._generators()[:1], [state])
 
     def _pass_ended(self) -> None:
         """The pass now open ended: the first such pass of a source whose passes' length Keras learns gives it."""
@@ -723,7 +741,7 @@ class SourceAdapter(_backend.DataAdapter):
         if self._pass_state is not None and self._saves_draws:
             now = self._pass_end_states
             state = {"kind": self.state_kind, "generators": list(self._pass_state),
-                     "now": now if now is not None else _generator_states(self._generators())}
+                     "now": now if now is not None else _generator_states(self._generators()), "read": self._in_pass}
             if self.continues:
                 state["pass_start"] = self._pass_start
         elif self._pass_state is not None and self._saves_passes:
@@ -774,8 +792,9 @@ class SourceAdapter(_backend.DataAdapter):
                                  f"kind {state.get('kind')!r}, keys {sorted(state)}.")
             self._restored_pass = {part: [None if s is None else np.asarray(s, dtype=np.uint8) for s in states]
                                    for part, states in saved.items()}
-            if state.get("pass_start") is not None:
-                self._restored_pass["pass_start"] = int(state["pass_start"])
+            for key in ("pass_start", "read"):  # ("read": not in the files of kfit before it)
+                if state.get(key) is not None:
+                    self._restored_pass[key] = int(state[key])
             return
         if state.get("kind") != "tf.data" or "iterator" not in state:
             raise ValueError(f"The saved source state is not a tf.data iterator's: keys {sorted(state)}.")
@@ -790,6 +809,7 @@ class SourceAdapter(_backend.DataAdapter):
                 dropped += size
                 self._count_read(size)
                 self._in_pass += 1
+                self._put_default_generator_back()
                 empty_passes, batches = 0, batches + 1
             except StopIteration:
                 self._pass_ended()
