@@ -1381,3 +1381,33 @@ def convert_train_function_errors(model: Any, convert: Callable[[BaseException],
 
     train_function._kfit_converts = True
     model.train_function = train_function
+
+
+def make_validation_iterator_again(model: Any, validation_data: Any, batch_size: Any, validation_steps: Any) -> None:
+    """On TensorFlow, makes now the validation iterator ``model.fit`` makes at its first validation and keeps for the
+    rest of the call (``model._eval_epoch_iterator``), leaving the torch random generators of a ``DataLoader`` given as
+    ``validation_data`` where they were. Keras's adapter of a DataLoader reads a batch from a new iterator to find its
+    tensor specs as that validation iterator is made, which draws from torch's generators (the iterator's base seed):
+    a run resumed after an epoch that validated must not draw it again, since the interrupted run drew it before its
+    checkpoint, and a training DataLoader's next shuffle order follows torch's default generator. Called as a resumed
+    fit begins (Keras empties the attribute as its ``fit`` starts, before the callbacks' ``on_train_begin``). Does
+    nothing on the other backends (their loops read a DataLoader as it is) and for other validation data. Keras
+    internals (``TFEpochIterator``, the TensorFlow trainer's ``_eval_epoch_iterator``): checked against Keras 3.15.1's
+    source (the same code in Keras 3.10-3.14's)."""
+    if BACKEND != "tensorflow" or validation_data is None:
+        return
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(validation_data)
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.utils.data.DataLoader):
+        return
+    from keras.src.backend.tensorflow.trainer import TFEpochIterator
+
+    generators = [g for g in (torch.default_generator, x.generator, getattr(x.sampler, "generator", None)) if g is not None]
+    states = [g.get_state() for g in generators]
+    model._eval_epoch_iterator = TFEpochIterator(
+        x=x, y=y, sample_weight=sample_weight, batch_size=batch_size, distribute_strategy=model.distribute_strategy,
+        steps_per_execution=model.steps_per_execution, steps_per_epoch=validation_steps, shuffle=False)
+    for generator, state in zip(generators, states):
+        generator.set_state(state)

@@ -7,6 +7,7 @@ its workers' base seed there): the training loader's next shuffle order follows 
 
 import keras
 import numpy as np
+import pytest
 import torch
 from helpers import mlp, regression_data, weights
 
@@ -77,3 +78,38 @@ def test_a_dataloader_resumed_mid_epoch_leaves_torchs_default_generator_where_th
         np.testing.assert_array_equal(a, b)
     assert history.history == expected.history
     assert kfit.get_clock(resumed).samples == 180
+
+
+@pytest.mark.parametrize(("stop_at", "validation_freq"), [
+    (30, 1),  # in epoch 1, before any validation
+    (70, 1),  # in epoch 2, after epoch 1's
+    (120, 1),  # at epoch 2's end
+    (70, 2),  # in epoch 2, with no validation before it
+])
+def test_a_dataloader_given_as_validation_data_leaves_the_resumed_run_on_the_uninterrupted_runs_shuffle(
+        stop_at, validation_freq, tmp_path):
+    """On TensorFlow, model.fit's first validation reads a batch of a validation DataLoader to find its tensor specs,
+    which draws from torch's default generator, once per fit call. A run resumed after an epoch that validated drew it
+    again at its first validation: the training DataLoader's next shuffle order, and every weight after it, differed
+    from the uninterrupted run's (by up to 0.57). kfit now makes that validation iterator as the resumed run begins,
+    drawing nothing; a run resumed before any validation still draws it where the uninterrupted run did."""
+    def run(model, **more):
+        torch.manual_seed(0)
+        return kfit.fit(model, loader(X, Y, shuffle=True), epochs=4, seed=0, verbose=0,
+                        validation_data=loader(X_VAL, Y_VAL, shuffle=False), validation_freq=validation_freq, **more)
+
+    plain = compiled()
+    torch.manual_seed(0)
+    plain.fit(loader(X, Y, shuffle=True), epochs=4, verbose=0, validation_data=loader(X_VAL, Y_VAL, shuffle=False),
+              validation_freq=validation_freq)
+    reference = compiled()
+    expected = run(reference)
+    for a, b in zip(weights(plain), weights(reference)):  # kfit.fit validates as model.fit does
+        np.testing.assert_array_equal(a, b)
+    path = tmp_path / "run.ckpt"
+    run(compiled(), max_samples=stop_at, callbacks=[kfit.callbacks.Checkpoint(path, frequency=10**6)])
+    resumed = compiled()
+    history = run(resumed, callbacks=[kfit.callbacks.Checkpoint(path, frequency=10**6)])
+    for a, b in zip(weights(reference), weights(resumed)):
+        np.testing.assert_array_equal(a, b)
+    assert history.history == expected.history

@@ -445,6 +445,10 @@ class _RunControl(keras.callbacks.Callback):
         if clock.samples >= fit.stop_at or finished or held:
             _backend.set_initial_epoch(model, fit.num_epochs)
             return
+        if any(_backend.validates_in_epoch(model, e, fit.options.validation_freq) for e in getattr(fit.history, "epoch", [])):
+            # Resumed after an epoch that validated: the validation iterator model.fit kept from then, made drawing
+            # nothing the interrupted run had not drawn before its checkpoint.
+            _backend.make_validation_iterator_again(model, *fit.keras_validation, fit.options.validation_steps)
         if fit.source is not None:
             mid_epoch = self._resume_source(fit)
         else:
@@ -698,6 +702,8 @@ class _StreamFit:
             self.run.clock = Clock(samples=start, minibatches=minibatches, epoch_size=self.epoch_size)
         self.run.stream = self.stream if self.source is None else self.source
         self.validation_data = validation_data
+        #: What model.fit is given to validate on: the data (this worker's share) and its minibatch size.
+        self.keras_validation: tuple = (None, None)
         self.summaries = EpochSummaries(self.history)
         self.run.callbacks = ordered_callbacks(callbacks + [self.summaries])
         self.release_writes: Any = lambda: None
@@ -975,10 +981,11 @@ class _StreamFit:
                                                    lambda: self.run.batch_offset)
                 if empty_epoch is not None:
                     empty_epoch.callbacks = callbacks
+                self.keras_validation = (validation_data, self._validation_batch_size(first_size))
                 model.fit(
                     adapter, epochs=self.num_epochs, verbose=self.keras_verbose, callbacks=callbacks,
                     validation_data=validation_data, validation_steps=self.options.validation_steps,
-                    validation_batch_size=self._validation_batch_size(first_size),
+                    validation_batch_size=self.keras_validation[1],
                     validation_freq=self.options.validation_freq, initial_epoch=0, steps_per_epoch=steps_per_epoch,
                 )
         finally:
