@@ -196,6 +196,8 @@ def fit(
     if unknown:
         refuse_unknown_keywords("kfit.fit", unknown, list(inspect.signature(fit).parameters)[1:-1])
     callbacks = _checks.callback_list("callbacks", callbacks)
+    for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
+        _check_open(name, part)  # (before anything reads x's length)
     options = FitOptions.from_arguments(
         batch_size=batch_size, callbacks=callbacks, sample_weight=sample_weight, minibatch_size=minibatch_size,
         num_samples=dataset_length(x) if validation_data is None and is_streamable(x) else None,
@@ -206,8 +208,6 @@ def fit(
     if validation_data is not None:  # (model.fit ignores validation_split then)
         options = dataclasses.replace(options, validation_split=0.0)
     _check_callbacks(callbacks)
-    for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
-        _check_open(name, part)
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
         raise ValueError("You must call `model.compile(optimizer=..., loss=...)` before kfit.fit(model, ...), as "
                          "before model.fit.")
