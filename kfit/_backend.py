@@ -1411,3 +1411,19 @@ def make_validation_iterator_again(model: Any, validation_data: Any, batch_size:
         steps_per_execution=model.steps_per_execution, steps_per_epoch=validation_steps, shuffle=False)
     for generator, state in zip(generators, states):
         generator.set_state(state)
+
+
+def quiet_rate_schedulers(callbacks: list) -> Callable[[], None]:
+    """Silences Keras's ``LearningRateScheduler``s (``verbose=0``) until the returned function is called: a run resumed
+    in the middle of an epoch begins it again, and the scheduler's ``on_epoch_begin`` would print a rate stepped a
+    second time, which kfit puts back. Calling the returned function again does nothing. Its ``verbose`` attribute:
+    checked against Keras 3.10-3.15."""
+    quieted = [(c, c.verbose) for c in callbacks if isinstance(c, keras.callbacks.LearningRateScheduler) and c.verbose]
+    for callback, _ in quieted:
+        callback.verbose = 0
+
+    def undo() -> None:
+        for callback, verbose in quieted:
+            callback.verbose = verbose
+        quieted.clear()
+    return undo

@@ -416,6 +416,7 @@ class _RunControl(keras.callbacks.Callback):
     def __init__(self, fit: _StreamFit):
         super().__init__()
         self.fit = fit
+        self.unquiet: Callable[[], None] = lambda: None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         fit = self.fit
@@ -465,6 +466,7 @@ class _RunControl(keras.callbacks.Callback):
             scalars = [v for v in getattr(model.optimizer, "variables", []) if len(v.shape) == 0]
             fit.run.restored_values = [(v, keras.ops.convert_to_numpy(v.value))
                                        for v in [*model.metrics_variables, *scalars]]
+            self.unquiet = _backend.quiet_rate_schedulers(fit.callbacks)  # (it would print the rate put back)
 
     def _resume_source(self, fit: _StreamFit) -> bool:
         """Positions a source for the restored clock (by skipping ahead); True when that is mid-epoch."""
@@ -530,6 +532,7 @@ class _RunControl(keras.callbacks.Callback):
             variable.assign(value)
         self.fit.run.restored_values = []
         self.fit.run.resumed_mid_epoch = False
+        self.unquiet()
 
 
 class _EmptyEpoch(keras.callbacks.Callback):
