@@ -803,6 +803,8 @@ _KERAS_CALLBACK_STATE = {
     "ReduceLROnPlateau": ("wait", "best", "cooldown_counter"),
     "ModelCheckpoint": ("best", "_batches_seen_since_last_saving", "_last_batch_seen"),
     "TensorBoard": ("_global_train_batch", "_global_test_batch"),  # the steps of its batch-level summaries
+    # whether the moving averages are in the model (swap_on_epoch=True: from an epoch's end to the next's begin)
+    "SwapEMAWeights": ("_ema_weights_in_model",),
 }
 
 

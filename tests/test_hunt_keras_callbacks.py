@@ -7,7 +7,8 @@ Checked exact on TensorFlow, JAX and PyTorch when this file was written: ``run_e
 ``weighted_metrics`` and sample weights; ``ModelCheckpoint(save_freq=<batches>)``, ``TensorBoard(update_freq=<batches>)``
 and ``EarlyStopping(restore_best_weights=True, start_from_epoch=...)`` across a kill; ``validation_freq=[1, 3]``; the
 returned History is ``model.history``; ``model.stop_training`` after the run. Found different: the resumed epoch's
-replayed ``on_epoch_begin`` had ``LearningRateScheduler(verbose=1)`` print a rate it did not keep.
+replayed ``on_epoch_begin`` had ``LearningRateScheduler(verbose=1)`` print a rate it did not keep; a checkpoint written at
+an epoch's end with ``SwapEMAWeights(swap_on_epoch=True)`` resumed from the moving averages as the trained weights.
 """
 
 import contextlib
@@ -76,12 +77,12 @@ def two_outputs(**compile_options):
     return model
 
 
-def train(model, loop, callbacks=(), checkpoint=None, kill=None, **options):
+def train(model, loop, callbacks=(), checkpoint=None, kill=None, frequency="1mb", **options):
     """``model.fit`` or ``kfit.fit(..., seed=0)`` (with a ``Checkpoint`` every minibatch at ``checkpoint``) on the same
     minibatches; None when killed."""
     callbacks = list(callbacks)
     if checkpoint is not None:
-        callbacks.append(kfit.callbacks.Checkpoint(checkpoint, frequency="1mb", async_write=False))
+        callbacks.append(kfit.callbacks.Checkpoint(checkpoint, frequency=frequency, async_write=False))
     if kill is not None:
         callbacks.append(Kill(*kill))
     options = {"x": x, "y": y, "batch_size": 8, "epochs": 3, "shuffle": False, "verbose": 0,
@@ -210,5 +211,28 @@ def test_a_verbose_learning_rate_scheduler_prints_in_a_resumed_run_what_the_unin
     assert [line.split(" to ")[0] for line in expected_lines] == [
         f"Epoch {epoch}: LearningRateScheduler setting learning rate" for epoch in range(1, 5)]
     assert lines == expected_lines[3:]
+    assert history.history == expected_history.history
+    assert_same_weights(expected, resumed)
+
+
+@pytest.mark.parametrize("frequency", ["1ep", "1mb"])
+@pytest.mark.parametrize("kill", [("on_epoch_begin", 2), ("on_train_batch_begin", 7)],
+                         ids=["as the third epoch begins", "in the second epoch"])
+def test_swap_ema_weights_on_epoch_resumes_to_model_fits_run(kill, frequency, tmp_path):
+    """``SwapEMAWeights(swap_on_epoch=True)`` swaps the moving averages into the model at each epoch's end and back at
+    the next epoch's begin. A checkpoint written at an epoch's end after it (``frequency="1ep"``, or a kill as the next
+    epoch begins) held the averages as the model's weights and the trained weights as the averages; the resumed run
+    did not swap them back (a new callback thinks the trained weights are in the model) and trained on from the
+    averages. The checkpoint now keeps where the averages are."""
+
+    def run(loop, **options):
+        model = mlp()
+        model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9, use_ema=True, ema_momentum=0.5), loss="mse")
+        return model, train(model, loop, [keras.callbacks.SwapEMAWeights(swap_on_epoch=True)], epochs=4,
+                            frequency=frequency, **options)
+
+    expected, expected_history = run("model.fit")
+    assert run("kfit.fit", checkpoint=tmp_path / "run.ckpt", kill=kill)[1] is None
+    resumed, history = run("kfit.fit", checkpoint=tmp_path / "run.ckpt")
     assert history.history == expected_history.history
     assert_same_weights(expected, resumed)
