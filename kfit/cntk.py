@@ -77,18 +77,6 @@ holds. Give `epoch_size=len(x_train)` (the samples in one sweep of the training 
 """
 
 
-def _epoch_size(epoch_size: Any, function: str) -> Any:
-    if epoch_size is FULL_DATA_SWEEP:
-        raise ValueError(
-            f"Invalid value for argument `epoch_size` of kfit.cntk.{function}: FULL_DATA_SWEEP (one sweep of the data "
-            "as the unit) cannot be known when a kfit schedule is built: kfit's schedules are functions of the sample "
-            "clock, fixed before they meet the data. Give the number of samples in one sweep of the training data, "
-            "epoch_size=len(x_train) (all workers' samples under data-parallel training). Received: "
-            "epoch_size=FULL_DATA_SWEEP"
-        )
-    return epoch_size
-
-
 class DataUnit(enum.Enum):
     """CNTK 2.7's `cntk.train.DataUnit`, the unit of a `(frequency, unit)` pair.
 
@@ -135,7 +123,6 @@ def learning_parameter_schedule_per_sample(
         >>> learning_parameter_schedule_per_sample(0.001).for_minibatch(0, 0, 100)
         0.1
     """
-    epoch_size = _epoch_size(epoch_size, "learning_parameter_schedule_per_sample")
     return schedules.learning_rate_per_sample(schedule, epoch_size)
 
 
@@ -159,7 +146,6 @@ def learning_parameter_schedule(
         >>> learning_parameter_schedule(0.1, minibatch_size=32).for_minibatch(0, 0, 64)
         0.2
     """
-    epoch_size = _epoch_size(epoch_size, "learning_parameter_schedule")
     return schedules.learning_rate_per_minibatch(
         schedule, epoch_size, reference_minibatch_size=_reference(minibatch_size)
     )
@@ -185,7 +171,6 @@ def learning_rate_schedule(
         >>> learning_rate_schedule(0.1, UnitType.minibatch).for_minibatch(0, 0, 64)
         0.1
     """
-    epoch_size = _epoch_size(epoch_size, "learning_rate_schedule")
     try:
         unit = UnitType(unit)
     except ValueError:
@@ -220,7 +205,6 @@ def training_parameter_schedule(
         >>> s[0], s[1199], s[1200], s[2699], s[2700], s[5000]
         (0.1, 0.1, 0.01, 0.01, 0.001, 0.001)
     """
-    epoch_size = _epoch_size(epoch_size, "training_parameter_schedule")
     return learning_rate_schedule(schedule, unit, epoch_size)
 
 
@@ -243,7 +227,6 @@ def momentum_as_time_constant_schedule(
         >>> momentum_as_time_constant_schedule(1024).per_sample_momentum(0)
         0.9990239141819757
     """
-    epoch_size = _epoch_size(epoch_size, "momentum_as_time_constant_schedule")
     return schedules.momentum_as_time_constant(momentum, epoch_size)
 
 
@@ -264,7 +247,6 @@ def momentum_schedule_per_sample(momentum: Any, epoch_size: int | None = None) -
         >>> momentum_schedule_per_sample(0.5).for_minibatch(0, 0, 2)
         0.25
     """
-    epoch_size = _epoch_size(epoch_size, "momentum_schedule_per_sample")
     return schedules.momentum_per_sample(momentum, epoch_size)
 
 
@@ -289,7 +271,6 @@ def momentum_schedule(
         >>> m[0], m[999], m[1000], m[1001]
         (0.99, 0.99, 0.9, 0.9)
     """
-    epoch_size = _epoch_size(epoch_size, "momentum_schedule")
     return schedules.momentum_per_minibatch(
         momentum, epoch_size, reference_minibatch_size=_reference(minibatch_size)
     )
@@ -322,7 +303,6 @@ def minibatch_size_schedule(schedule: Any, epoch_size: int | None = 1) -> Hyperp
         >>> mb[0], mb[1], mb[32]
         (32, 64, 128)
     """
-    epoch_size = _epoch_size(epoch_size, "minibatch_size_schedule")
     return schedules.minibatch_size(schedule, epoch_size)
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from kfit import cntk as C
 from kfit.schedules import (
+    as_schedule,
     learning_rate_per_minibatch,
     learning_rate_per_sample,
     minibatch_size,
@@ -217,6 +218,11 @@ def test_minibatch_size_schedule_trains_the_minibatches_cntk_draws():
         lambda: C.momentum_as_time_constant_schedule([0, 1024], C.FULL_DATA_SWEEP),
         lambda: C.momentum_schedule_per_sample([0.9, 0.99], C.FULL_DATA_SWEEP),
         lambda: C.momentum_schedule([0.9, 0.99], C.FULL_DATA_SWEEP),
+        # kfit's own schedules, which docs/migrating-from-cntk.md gives as the same functions
+        lambda: learning_rate_per_sample([0.1, 0.01], epoch_size=C.FULL_DATA_SWEEP),
+        lambda: momentum_as_time_constant([0, 1024], C.FULL_DATA_SWEEP),
+        lambda: minibatch_size([256, 512], C.FULL_DATA_SWEEP),
+        lambda: as_schedule([0.1, 0.01], C.FULL_DATA_SWEEP),
     ],
 )
 def test_full_data_sweep_as_epoch_size_is_refused_saying_what_to_pass(make):

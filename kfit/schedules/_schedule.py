@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from kfit import _checks
+from kfit.interval import FULL_DATA_SWEEP
 
 if TYPE_CHECKING:
     from kfit.schedules._units import HyperparameterSchedule
@@ -60,6 +61,14 @@ def _check_positive_int(name: str, value: Any) -> int:
 
 
 def _check_epoch_size(epoch_size: Any) -> int | None:
+    if epoch_size is FULL_DATA_SWEEP:
+        raise ValueError(
+            "Invalid value for argument `epoch_size`: FULL_DATA_SWEEP (one sweep of the data as the unit) cannot be "
+            "known when a kfit schedule is built: kfit's schedules are functions of the sample clock, fixed before "
+            "they meet the data. Give the number of samples in one sweep of the training data, "
+            "epoch_size=len(x_train) (all workers' samples under data-parallel training). Received: "
+            "epoch_size=FULL_DATA_SWEEP"
+        )
     return _checks.count("epoch_size", epoch_size, low=1, allow_none=True)
 
 
