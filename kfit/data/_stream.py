@@ -248,11 +248,8 @@ class SampleStream:
         while position < stop:
             sweep, offset = divmod(position, n)
             take_here = min(stop - position, n - offset)
-            order = self.order(sweep) if self.shuffle is True else None
-            if order is None:
-                parts.append(np.arange(offset, offset + take_here))
-            else:
-                parts.append(order[offset : offset + take_here])
+            in_order = self.shuffle is not True
+            parts.append(np.arange(offset, offset + take_here) if in_order else self.order(sweep)[offset:][:take_here])
             position += take_here
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
