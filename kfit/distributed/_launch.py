@@ -38,9 +38,6 @@ class LaunchEnvironment:
     local_size: int
     master_addr: str
     master_port: int
-    #: True under torchrun: its agent already serves a TCPStore on ``master_port`` (``init_method="env://"``
-    #: connects to it; a JAX coordinator must listen elsewhere).
-    agent_store: bool
 
 
 def horovod_launched() -> bool:
@@ -118,8 +115,7 @@ def launch_environment() -> LaunchEnvironment:
     if port > 65535:
         raise ValueError(f"Invalid value for environment variable MASTER_PORT: expected a TCP port (1 to 65535). "
                          f"Received: MASTER_PORT={port}")
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true"
-    return LaunchEnvironment(rank, size, local_rank, local_size, addr, port, agent)
+    return LaunchEnvironment(rank, size, local_rank, local_size, addr, port)
 
 
 def timeout_seconds() -> float:
