@@ -242,6 +242,19 @@ class Checkpoint(KfitCallback):
         self.resume_finished = resume_finished
         self.save_on_preemption = save_on_preemption
         self.on_write_error = on_write_error
+        self._reset_run()
+        self._writer = _BackgroundWriter()
+        self._lock = _lock.PathLock(path, f"kfit Checkpoint callback {self.name!r}", active=self._holds_run,
+                                    taken_over=self._run_ended)
+        self._guard = _signals.SignalGuard(self._on_signal)
+        self._training = False
+        self._training_thread: int | None = None  # the thread whose fit this callback saves
+        self._buffers: dict = {}
+        self._raw_weights: list | None = None  # the trained weights, before model.fit swaps their EMA in
+        self._undo_ema_hook: Any = lambda: None
+
+    def _reset_run(self) -> None:
+        """Sets what one run records to its value before the run (at construction and at every run's start)."""
         #: The checkpoint restored at the start of the last run (None when it started afresh).
         self.restored_from: CheckpointInfo | None = None
         #: True when the last run restored a finished run and trained nothing.
@@ -255,29 +268,20 @@ class Checkpoint(KfitCallback):
         #: How many writes of the last run failed (with ``on_write_error="warn"``).
         self.failed_writes = 0
         self._replaced_earlier_run = False
-        self._writer = _BackgroundWriter()
-        self._lock = _lock.PathLock(path, f"kfit Checkpoint callback {self.name!r}", active=self._holds_run,
-                                    taken_over=self._run_ended)
-        self._guard = _signals.SignalGuard(self._on_signal)
-        self._training = False
-        self._training_thread: int | None = None  # the thread whose fit this callback saves
         self._preempted: int | None = None  # the SIGTERM this worker received, until it is acted on
         self._preempt_at_epoch_end = False
         self._stopping = False  # saving for a preemption: a SIGTERM now waits for the save
         self._preempted_workers = 1  # data-parallel: how many workers the SIGTERM reached (agreed)
         self._lost_ctrl_c = False
-        self._buffers: dict = {}
         self._pending = False
         self._steps_unsaved = 0
         self._epochs_done = 0
-        self._raw_weights: list | None = None  # the trained weights, before model.fit swaps their EMA in
         #: ``(arrays, meta)`` of the step where training stopped inside an epoch: the final checkpoint's state.
         self._stopped_step: tuple | None = None
         self._partial_keys: list[str] | None = None  # the keys the epoch training stopped in logged
         #: ``(samples, worker_metrics)`` of the last save this checkpoint's frequency made inside an epoch
         #: (data-parallel: a stop agreed at that step keeps that state instead of writing it again).
         self._frequency_save: tuple | None = None
-        self._undo_ema_hook: Any = lambda: None
 
     def _chief(self) -> bool:
         from kfit import distributed
@@ -287,24 +291,7 @@ class Checkpoint(KfitCallback):
     # -- training --------------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._wait_writer()
-        self._pending = False
-        self._steps_unsaved = 0
-        self._epochs_done = 0
-        self._stopped_step = None
-        self._partial_keys = None
-        self._frequency_save = None
-        self.restored_from = None
-        self.finished_before = False
-        self.interrupted = False
-        self._saved_status = None
-        self.saves = 0
-        self._replaced_earlier_run = False
-        self.failed_writes = 0
-        self._preempted = None
-        self._preempt_at_epoch_end = False
-        self._stopping = False
-        self._preempted_workers = 1
-        self._lost_ctrl_c = False
+        self._reset_run()
         if self.interval is not None:
             self.clock  # noqa: B018  (a step frequency needs the clock: raises a clear error without one)
         _state.stateful_callbacks(self.training_run.callbacks)  # two callbacks with one state key: refuse now
