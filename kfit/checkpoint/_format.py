@@ -614,16 +614,16 @@ def numbered_files(path: str | os.PathLike) -> list[tuple[int, str]]:
     path = os.path.realpath(path) if os.path.islink(path) else os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     pattern = re.compile(re.escape(os.path.basename(path)) + r"\.(\d+)$")
+    matches = filter(None, map(pattern.match, _names_in(directory)))
+    return sorted((int(match.group(1)), os.path.join(os.path.dirname(path), match.string)) for match in matches)
+
+
+def _names_in(directory: str) -> list[str]:
+    """The names in ``directory``; none when it cannot be listed."""
     try:
-        names = os.listdir(directory)
+        return os.listdir(directory)
     except OSError:
         return []
-    found = []
-    for name in names:
-        match = pattern.match(name)
-        if match:
-            found.append((int(match.group(1)), os.path.join(os.path.dirname(path), name)))
-    return sorted(found)
 
 
 def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
@@ -632,17 +632,10 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
     directory = os.path.dirname(os.path.abspath(path))
     prefix = os.path.basename(path)
     own = f"{TEMP_INFIX}{os.getpid()}."
-    removed = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return removed
-    for name in names:
-        rest = name[len(prefix):]
-        if name.startswith(prefix) and rest.startswith(".") and TEMP_INFIX in rest and own not in rest:
-            file = os.path.join(directory, name)
-            _remove_quietly(file)
-            removed.append(file)
+    removed = [os.path.join(directory, name) for name in _names_in(directory) if name.startswith(prefix)
+               and (rest := name[len(prefix):]).startswith(".") and TEMP_INFIX in rest and own not in rest]
+    for file in removed:
+        _remove_quietly(file)
     return removed
 
 
