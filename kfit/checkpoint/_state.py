@@ -13,6 +13,7 @@ callbacks' keys) and assigns only then, so a checkpoint that does not fit change
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import random
 import re
@@ -583,10 +584,8 @@ def _match_group(group: str, variables: list, saved: list[str], arrays: dict, fi
                 f"{_option_hint(group, '', saved[len(current)])}. Restore into "
                 "a model (and optimizer) built like the one that saved it."
             )
-    pairs = []
-    for variable, index in zip(variables, order, strict=True):
-        pairs.append((variable, _fit_array(group, variable, saved[index], stored[index], file)))
-    return pairs
+    return [(variable, _fit_array(group, variable, saved[index], stored[index], file))
+            for variable, index in zip(variables, order, strict=True)]
 
 
 def _fit_array(group: str, variable: Any, saved_path: str, array: np.ndarray, file: str) -> np.ndarray:
@@ -600,9 +599,7 @@ def _fit_array(group: str, variable: Any, saved_path: str, array: np.ndarray, fi
         )
     if array.dtype.name != dtype:
         converted = array.astype(dtype)
-        back = converted.astype(array.dtype)
-        exact = np.array_equal(back, array, equal_nan=array.dtype.kind == "f")
-        if not exact:
+        if not np.array_equal(converted.astype(array.dtype), array, equal_nan=array.dtype.kind == "f"):
             raise CheckpointMismatchError(
                 f"The checkpoint {file!r} does not fit this model: {group} variable {variable.path!r} is "
                 f"{dtype} in the model and {array.dtype.name} in the checkpoint{saved_as}, and its values do not "
@@ -880,14 +877,12 @@ def apply_restore(parts: Run, restore: _Restore, meta: dict, arrays: dict, rando
             part = f"callback {state_key(callback)!r}"
             undo.append(_put_back(callback))
             callback.set_state(state)
-        if restore.stream_state is not None:
-            part = "the data stream"
-            undo.append(_state_setter(parts.stream, parts.stream.get_state()))
-            parts.stream.set_state(restore.stream_state)
-        if restore.clock_state is not None:
-            part = "the clock"
-            undo.append(_state_setter(parts.clock, parts.clock.get_state()))
-            parts.clock.set_state(restore.clock_state)
+        for name, owner, state in (("the data stream", parts.stream, restore.stream_state),
+                                   ("the clock", parts.clock, restore.clock_state)):
+            if state is not None:
+                part = name
+                undo.append(_put_back(owner))
+                owner.set_state(state)
     except Exception as error:
         for put_back in reversed(undo):
             put_back()
@@ -921,16 +916,12 @@ def _set_again_before_next_step(run: Run | None) -> None:
     run.set_values_again()
 
 
-def _state_setter(owner: Any, state: Any):
-    return lambda: owner.set_state(state)
-
-
 def _put_back(callback: Any):
     """What puts ``callback``'s state back as it is now: its own ``_put_back()`` where it has one (a kfit schedule,
     whose ``get_state`` refuses a reset to a Python callable, which only a checkpoint cannot hold), else its
     ``get_state()``, set again."""
     own = getattr(callback, "_put_back", None)
-    return own() if callable(own) else _state_setter(callback, callback.get_state())
+    return own() if callable(own) else functools.partial(callback.set_state, callback.get_state())
 
 
 def _current_random_state() -> tuple:
