@@ -550,23 +550,8 @@ def fit_reads_past_a_pass(adapter: Any) -> bool:
     class itself over a pass of one batch. Keras internal, checked against Keras 3.10-3.15."""
     if BACKEND != "jax":
         return BACKEND == "tensorflow"
-
-    from keras.src.backend.jax.trainer import JAXEpochIterator
-
-    asked = []
-
-    def one_batch() -> Any:
-        asked.append(1)
-        yield (np.zeros((1, 1), np.float32),)
-        asked.append(1)
-
-    probe = JAXEpochIterator.__new__(JAXEpochIterator)
-    probe.data_adapter = _adapter_with(adapter, get_jax_iterator=one_batch)
-    try:
-        next(iter(probe._get_iterator()))
-    except Exception:  # noqa: BLE001 -- an unknown loop: taken as reading ahead (kfit's own reader does)
-        return True
-    return len(asked) > 1
+    asked = _jax_loop_asks(adapter, 1)
+    return asked is None or asked > 1  # (an unknown loop: taken as reading ahead, as kfit's own reader does)
 
 
 def fit_batches_read_ahead(adapter: Any) -> int:
@@ -579,23 +564,30 @@ def fit_batches_read_ahead(adapter: Any) -> int:
     3.15.1."""
     if BACKEND != "jax":
         return 0
+    asked = _jax_loop_asks(adapter, 4)
+    return 0 if asked is None else max(min(asked, 4) - 1, 0)  # (an unknown loop: none, kfit's reader holds then)
 
+
+def _jax_loop_asks(adapter: Any, batches: int) -> int | None:
+    """How many times Keras's ``JAXEpochIterator._get_iterator`` asks a pass of ``batches`` one-row batches for a
+    batch (one past the last included) before it hands on the first; None when the probe fails."""
     from keras.src.backend.jax.trainer import JAXEpochIterator
 
     asked = []
 
-    def four_batches() -> Any:
-        for _ in range(4):
+    def passes() -> Any:
+        for _ in range(batches):
             asked.append(1)
             yield (np.zeros((1, 1), np.float32),)
+        asked.append(1)
 
     probe = JAXEpochIterator.__new__(JAXEpochIterator)
-    probe.data_adapter = _adapter_with(adapter, get_jax_iterator=four_batches)
+    probe.data_adapter = _adapter_with(adapter, get_jax_iterator=passes)
     try:
         next(iter(probe._get_iterator()))
-    except Exception:  # noqa: BLE001 -- an unknown loop: taken as reading none ahead (kfit's reader holds then)
-        return 0
-    return max(len(asked) - 1, 0)
+    except Exception:  # noqa: BLE001 -- an unknown loop: the caller decides
+        return None
+    return len(asked)
 
 
 def declare_epoch_steps(steps: int) -> None:
