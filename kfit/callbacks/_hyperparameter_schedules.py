@@ -48,23 +48,12 @@ class _HyperparameterSchedule(KfitCallback):
         super().__init__(name=name)
         self.schedule = self._coerce(schedule, "schedule")
         self.verbose = verbose
-        # Resets: (samples, minibatches, schedule) from which a new schedule holds, relative to its start.
-        self._resets: list[tuple[int, int, Any]] = []
         self._variable = None
         self._accumulation = 1  # the optimizer's gradient_accumulation_steps (read when training begins)
-        self._applied: float | None = None
-        self._published: tuple | None = None
-        # The value of the last full minibatch, and its size: what the epoch's logs report (a minibatch
-        # shortened to end an epoch gets a smaller per-minibatch rate, which is not the rate in force).
-        self._logged: float | None = None
-        self._logged_size: int | None = None
-        # Caches of on_step_begin: the value's segment of the clock (see _segment_at), and the last
-        # (schedule, scheduled value, minibatch size, value for the optimizer).
-        self._segment: tuple | None = None
+        self._published: tuple | None = None  # the (value, scheduled value) published last
+        # Cache of on_step_begin: the last (schedule, scheduled value, minibatch size, value for the optimizer).
         self._converted: tuple | None = None
-        # (size, samples from, samples until, minibatches from, minibatches until): the steps on which
-        # on_step_begin has nothing to do (same size, same value, nothing new to apply, log or publish).
-        self._unchanged: tuple | None = None
+        self._set([], (None, None))
 
     def _coerce(self, schedule: Any, argument: str) -> Any:
         from kfit import schedules
@@ -121,13 +110,9 @@ class _HyperparameterSchedule(KfitCallback):
                 f"goes on with it). Received: values={values!r}. Give a value, a list of values, or a schedule built "
                 "from kfit.schedules shapes (piecewise_constant, linear_warmup, cosine_decay, join, ...).")
         clock = self.clock
-        self._resets = [r for r in self._resets if r[0] < clock.samples]
-        self._resets.append((clock.samples, clock.minibatches, schedule))
-        self._applied = None  # apply at the next step even if the value happens to be equal
+        resets = [r for r in self._resets if r[0] < clock.samples] + [(clock.samples, clock.minibatches, schedule)]
+        self._set(resets, (self._logged, self._logged_size))  # applied at the next step even if the value is equal
         self._published = None
-        self._segment = None
-        self._unchanged = None
-        wake(self)
 
     def _reapply(self) -> None:
         """Applies the value again at the next step: the one applied may not have reached the optimizer (on JAX,
@@ -143,13 +128,9 @@ class _HyperparameterSchedule(KfitCallback):
             raise ValueError(f"{type(self).__name__} needs a compiled model with an optimizer.")
         self._variable = self._target_variable(optimizer)
         self._accumulation = gradient_accumulation_steps(optimizer)
-        self._resets = []  # a run starts from the schedule given (a resumed one gets its resets from the checkpoint)
-        self._applied = None
-        self._segment = None
-        self._unchanged = None
+        # A run starts from the schedule given (a resumed one gets its resets from the checkpoint).
+        self._set([], (None, None))
         self._published = None
-        self._logged = None
-        self._logged_size = None
 
     def samples_per_update(self, minibatch_size: int) -> int:
         """The samples of the optimizer's update that ends a step of ``minibatch_size`` samples: the minibatch,
@@ -293,12 +274,20 @@ class _HyperparameterSchedule(KfitCallback):
         return lambda: self._set(resets, logged)
 
     def _set(self, resets: list, logged: tuple) -> None:
-        self._resets = resets
-        self._applied = None
-        self._segment = None
-        self._unchanged = None
-        wake(self)
+        """Sets the resets and the value logged last, and forgets what was applied: the next step applies its value.
+
+        ``resets``: ``(samples, minibatches, schedule)`` from which a new schedule holds, relative to its start.
+        ``logged``: the value of the last full minibatch, and its size: what the epoch's logs report (a minibatch
+        shortened to end an epoch gets a smaller per-minibatch rate, which is not the rate in force). Also forgotten:
+        on_step_begin's caches of the value's segment of the clock (see _segment_at) and of the steps on which it has
+        nothing to do, ``_unchanged``: (size, samples from, samples until, minibatches from, minibatches until).
+        """
+        self._resets: list[tuple[int, int, Any]] = resets
         self._logged, self._logged_size = logged
+        self._applied: float | None = None
+        self._segment: tuple | None = None
+        self._unchanged: tuple | None = None
+        wake(self)
 
 
 class LearningRateSchedule(_HyperparameterSchedule):
