@@ -175,13 +175,9 @@ class EarlyStopping(MonitorCallback):
 
     # -- state -----------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
-        state = super().get_state()
-        state.update(
-            stopped_samples=self.stopped_samples,
-            stopped_evaluation=self.stopped_evaluation,
-            best_weights=None if self.best_weights is None else list(self.best_weights),
-        )
-        return state
+        best_weights = None if self.best_weights is None else list(self.best_weights)
+        return {**super().get_state(), "stopped_samples": self.stopped_samples,
+                "stopped_evaluation": self.stopped_evaluation, "best_weights": best_weights}
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)

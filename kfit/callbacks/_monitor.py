@@ -78,10 +78,7 @@ def resolve_durations(unit: str | None, **durations: Any) -> tuple[str, dict[str
 
 def higher_is_better(monitor: str) -> bool:
     """Whether ``mode="auto"`` maximizes ``monitor`` (accuracies, AUC, precision, recall, F1, IoU)."""
-    name = monitor
-    for prefix in ("val_", "test_"):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
+    name = monitor.removeprefix("val_").removeprefix("test_")
     if name == "average_error":
         return False
     return name.endswith(_HIGHER_IS_BETTER)
@@ -146,13 +143,7 @@ class MonitorCallback(KfitCallback):
         self.wait = 0
 
     def get_state(self) -> dict[str, Any]:
-        return {
-            "evaluations": self.evaluations,
-            "best": self.best,
-            "best_evaluation": self.best_evaluation,
-            "best_samples": self.best_samples,
-            "wait": self.wait,
-        }
+        return {key: getattr(self, key) for key in ("evaluations", "best", "best_evaluation", "best_samples", "wait")}
 
     def set_state(self, state: dict[str, Any]) -> None:
         missing = {"evaluations", "best", "best_evaluation", "best_samples"} - set(state)

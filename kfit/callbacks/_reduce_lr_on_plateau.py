@@ -224,14 +224,8 @@ class ReduceLROnPlateau(MonitorCallback):
 
     # -- state -----------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
-        state = super().get_state()
-        state.update(
-            reductions=self.reductions,
-            reduced_evaluation=self.reduced_evaluation,
-            reduced_samples=self.reduced_samples,
-            stopped_samples=self.stopped_samples,
-        )
-        return state
+        added = ("reductions", "reduced_evaluation", "reduced_samples", "stopped_samples")
+        return {**super().get_state(), **{key: getattr(self, key) for key in added}}
 
     def set_state(self, state: dict[str, Any]) -> None:
         super().set_state(state)
