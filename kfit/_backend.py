@@ -1324,17 +1324,23 @@ def validates_in_epoch(model: Any, epoch: int, validation_freq: Any) -> bool:
 def metric_names(model: Any) -> list[str]:
     """The names of the metrics that name the model's logged metrics (``auc_1`` in ``val_auc_1``), in the model's
     order: those given to ``compile`` (flattened as Keras builds them; before it has, strings and functions by the name
-    Keras will give them), then those the model and its layers track themselves; the loss trackers left out (their
-    names are the outputs'). Keras internals (``Trainer._compile_metrics``, ``CompileMetrics._user_metrics`` and
-    ``_user_weighted_metrics``, ``Trainer._loss_tracker``, ``_compile_loss``), checked against Keras 3.15.1 and
-    3.10.0's source."""
+    Keras will give them, a dict of them per output in the outputs' order as ``CompileMetrics.build`` takes it),
+    then those the model and its layers track themselves; the loss trackers left out (their names are the outputs').
+    Keras internals (``Trainer._compile_metrics``, ``CompileMetrics._user_metrics`` and ``_user_weighted_metrics``,
+    ``Trainer._loss_tracker``, ``_compile_loss``), checked against Keras 3.15.1 and 3.10.0's source."""
     compiled = getattr(model, "_compile_metrics", None)
     names: list[str] = []
     if compiled is not None and compiled.built:
         names = [m.name for m in compiled.metrics]
     elif compiled is not None:
-        given = [m for group in (compiled._user_metrics, compiled._user_weighted_metrics)
-                 for m in keras.tree.flatten(group or [])]
+        outputs = getattr(model, "output_names", None) or []
+
+        def in_order(group: Any) -> list:  # (keras.tree.flatten would take a dict's keys sorted)
+            if isinstance(group, dict) and set(group) <= set(outputs):
+                group = [group[name] for name in outputs if name in group]
+            return keras.tree.flatten(group or [])
+
+        given = [m for group in (compiled._user_metrics, compiled._user_weighted_metrics) for m in in_order(group)]
         names = [m if isinstance(m, str) else getattr(m, "name", None) or getattr(m, "__name__", "") for m in given]
     own = {id(compiled), id(getattr(model, "_loss_tracker", None))}
     own |= {id(m) for m in getattr(getattr(model, "_compile_loss", None), "metrics", None) or []}
