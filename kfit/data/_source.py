@@ -169,6 +169,7 @@ class SourceAdapter(_backend.DataAdapter):
         self._underlying: Iterator[Any] | None = None
         self._steps_at_open = 0
         self._skip = 0
+        self._claims_exact = True
         self._first_size: int | None = None  # the rows of the first batch (:meth:`peek`)
         self._limit: int | None = None
         #: The pass being read began where a resumed run skipped to (its epoch is shorter than the source's).
@@ -476,8 +477,10 @@ class SourceAdapter(_backend.DataAdapter):
             self._keras_count = self._resume_count(steps_in_epoch)
         elif self.steps_per_epoch is not None and steps_in_epoch:
             self._limit = self.epoch_steps - steps_in_epoch
-        for caveat in self._inexact_resume():
+        caveats = self._inexact_resume()
+        for caveat in caveats:
             warnings.warn(caveat, stacklevel=2)
+        self._claims_exact = not caveats  # (else batches may differ from the checkpointed run's: see _drop)
         return self._skip
 
     @property
@@ -820,6 +823,11 @@ class SourceAdapter(_backend.DataAdapter):
                                      "data.") from None
                 self._new_pass()  # a source that restarts goes on with its next pass
                 batches = 0
+        if dropped > samples and self._claims_exact:  # (it would train fewer samples than its clock counts)
+            raise ValueError(f"The checkpoint was written {samples} samples into the pass this run resumes in, and "
+                             f"the source's batches do not end there: they add up to {dropped - size}, then "
+                             f"{dropped} samples. Resume with the data the checkpoint was written on, or from a "
+                             "checkpoint written at an epoch's end.")
         return batches
 
     def _open(self, passes: Callable[[], Any], now: bool = False, beginning: bool = False) -> _ReadAhead | _Deferred:
