@@ -1327,7 +1327,9 @@ def metric_names(model: Any) -> list[str]:
     Keras will give them, a dict of them per output in the outputs' order as ``CompileMetrics.build`` takes it),
     then those the model and its layers track themselves; the loss trackers left out (their names are the outputs').
     Keras internals (``Trainer._compile_metrics``, ``CompileMetrics._user_metrics`` and ``_user_weighted_metrics``,
-    ``Trainer._loss_tracker``, ``_compile_loss``), checked against Keras 3.15.1 and 3.10.0's source."""
+    ``Trainer._loss_tracker``, ``_compile_loss``), checked against Keras 3.15.1 and 3.10.0's source (a dict per output
+    built in the outputs' order in 3.10-3.15); tests/test_small_fidelity_resume.py and tests/test_carried_items.py run
+    on TensorFlow 2.21 with Keras 3.11.3, 3.12.4, 3.13.2, 3.14.1 and 3.15.1."""
     compiled = getattr(model, "_compile_metrics", None)
     names: list[str] = []
     if compiled is not None and compiled.built:
@@ -1393,7 +1395,8 @@ def make_validation_iterator_again(model: Any, validation_data: Any, batch_size:
     fit begins (Keras empties the attribute as its ``fit`` starts, before the callbacks' ``on_train_begin``). Does
     nothing on the other backends (their loops read a DataLoader as it is) and for other validation data. Keras
     internals (``TFEpochIterator``, the TensorFlow trainer's ``_eval_epoch_iterator``): checked against Keras 3.15.1's
-    source (the same code in Keras 3.10-3.14's)."""
+    source (the same code in Keras 3.10-3.14's); tests/test_hunt_sources.py run on TensorFlow 2.21 with Keras 3.11.3,
+    3.12.4, 3.13.2, 3.14.1 and 3.15.1."""
     if BACKEND != "tensorflow" or validation_data is None:
         return
     from keras.src.trainers.data_adapters import data_adapter_utils
