@@ -249,6 +249,10 @@ class TensorBoardProgressWriter(KfitCallback):
         self._epoch_samples = 0
         self._points: tuple[int | None, list] = (None, [])  # the step of the last points written, and (tag, value)s
         self._restored_points: list | None = None  # those of the restored reading, when the checkpoint was taken
+        # The log keys written (over the runs a checkpoint chains), and the tag of each key a resume renamed (a model
+        # built again names its metrics anew, auc then auc_1): its points go on under the tag the run began with.
+        self._keys: set[str] = set()
+        self._tags: dict[str, str] = {}
         # (restored reading, the reading before): a load in the epoch in progress, which ends at the reading before
         self._ended_before_load: tuple[int, int] | None = None
         if freq is None:
@@ -269,7 +273,8 @@ class TensorBoardProgressWriter(KfitCallback):
         for key, value in kfit_names(logs).items():
             number = to_float(value)
             if key not in skip and number is not None:
-                self.write_value(key, number, step)
+                self._keys.add(key)
+                self.write_value(self._tags.get(key, key), number, step)
 
     def flush(self) -> None:
         if self._writer is not None:
@@ -281,6 +286,7 @@ class TensorBoardProgressWriter(KfitCallback):
         self._training = True
         self._started = False
         self._points, self._restored_points = (None, []), None
+        self._keys, self._tags = set(), {}
         self._scheduled.reset()
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
@@ -316,7 +322,8 @@ class TensorBoardProgressWriter(KfitCallback):
             return
         interval = self._intervals.interval(clock, logs)
         for key, value in interval.means.items():
-            self.write_value(f"minibatch/{key}", value, clock.samples)
+            self._keys.add(key)
+            self.write_value(f"minibatch/{self._tags.get(key, key)}", value, clock.samples)
         self.flush()  # (TensorBoard shows the minibatch-level points as they come)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
@@ -396,18 +403,23 @@ class TensorBoardProgressWriter(KfitCallback):
             at_clock = self._restored_points
         return {"intervals": self._intervals.get_state(),
                 "points_at_clock": None if at_clock is None else [[tag, value] for tag, value in at_clock],
-                "scheduled": self._scheduled.get_state()}
+                "scheduled": self._scheduled.get_state(), "keys": sorted(self._keys), "tags": dict(self._tags)}
 
     def renamed_state(self, state: dict[str, Any], renamed: Any) -> dict[str, Any]:
-        """``state`` with its running means and tags under this model's log keys (a restore's ``renamed``)."""
-        points = state.get("points_at_clock")
+        """``state`` with its running means under this model's log keys (a restore's ``renamed``), each renamed key
+        written under the tag the run began with, so that TensorBoard shows one curve."""
+        tags = dict(state.get("tags") or {})
+        for key in state.get("keys") or []:
+            if renamed(key) != key:
+                tags[renamed(key)] = tags.pop(key, key)
         return dict(state, intervals=IntervalMeans.renamed_state(state.get("intervals"), renamed),
-                    points_at_clock=None if points is None else [[renamed(tag), value] for tag, value in points])
+                    keys=[renamed(key) for key in state.get("keys") or []], tags=tags)
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._intervals.set_state(state.get("intervals"))
         points = state.get("points_at_clock")
         self._restored_points = None if points is None else [(str(tag), float(value)) for tag, value in points]
+        self._keys, self._tags = set(state.get("keys") or []), dict(state.get("tags") or {})
         scheduled = state.get("scheduled")
         if scheduled is not None:  # the values already written: a resumed run writes a point when one changes
             self._scheduled.set_state(scheduled)
