@@ -128,12 +128,18 @@ def test_kfit_fit_refuses_a_resume_where_the_sources_batches_do_not_end_at_the_c
 
 
 @pytest.mark.parametrize("saved_on, resumed_on", [("arrays", "loader"), ("loader", "arrays")])
-def test_model_fit_resumes_across_data_of_known_and_unknown_length_at_an_epochs_end(tmp_path, saved_on, resumed_on):
+def test_model_fit_resumes_across_data_of_known_and_unknown_length_at_an_epochs_end(tmp_path, capfd, saved_on,
+                                                                                    resumed_on):
     path, ends = tmp_path / "run.ckpt", EpochEnds()
     regressor().fit(**data(saved_on), batch_size=8, shuffle=False, epochs=1, verbose=0,
                     callbacks=[kfit.callbacks.Checkpoint(path), kfit.callbacks.SampleClock(8)])
+    capfd.readouterr()
     history = regressor().fit(**data(resumed_on), batch_size=8, shuffle=False, epochs=3, verbose=0,
                               callbacks=[kfit.callbacks.Checkpoint(path), ends, kfit.callbacks.SampleClock(8)])
     assert history.epoch == [0, 1, 2]
+    # The resume line says where the checkpoint was: at the end of the first epoch (not "epoch 1, 64 samples in" where
+    # the clock did not know the epoch's size).
+    where = "end of epoch 1" if saved_on == "arrays" else "1 epoch ended"
+    assert f"resumed from {path} at sample 64 ({where}; " in capfd.readouterr().err
     # SampleClock(8) counts each of the 8 steps of an epoch as 8 samples (the last one's 4 not told apart)
     assert [(epoch, samples) for epoch, samples, _ in ends.ends] == [(1, 128), (2, 192)]

@@ -58,11 +58,14 @@ def status(run: Any, params: dict | None, epochs_done: int, interrupted: bool) -
 
 
 def _where(info: Any, epoch: int | None = None) -> str:
-    """``sample 3900 (end of epoch 3; `` / ``sample 4000 (epoch 4, 100 samples in; `` / ``the end of epoch 2 (``."""
+    """``sample 3900 (end of epoch 3; `` / ``sample 4000 (epoch 4, 100 samples in; `` / ``the end of epoch 2 (`` /
+    ``sample 64 (1 epoch ended; `` (no ``epoch_size``: data of unknown length)."""
     if info.samples is None:  # model.fit without a SampleClock: epochs only
         return f"the end of epoch {epoch if epoch is not None else info.epoch or 0} ("
     if info.epoch is None:
         return f"sample {info.samples} ("
+    if not info.epoch_size and epoch:  # data of unknown length under model.fit: its History counts the epochs
+        return f"sample {info.samples} ({epoch} epoch{'s' * (epoch != 1)} ended; "
     if info.samples_in_epoch:
         return f"sample {info.samples} (epoch {info.epoch + 1}, {info.samples_in_epoch} samples in; "
     return f"sample {info.samples} (end of epoch {info.epoch}; "
