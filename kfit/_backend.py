@@ -20,6 +20,7 @@ import contextlib
 import random
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -190,7 +191,9 @@ def read_variable(model: Any, variable: Any) -> np.ndarray:
             where = _position(model, variable)
             if where is not None:
                 return np.asarray(model._jax_state[_GROUPS[where[0]]][where[1]])
-    return keras.ops.convert_to_numpy(variable.value)
+    with warnings.catch_warnings():  # NumPy 2 warns at np.array of a TF or torch variable (no copy= in its __array__)
+        warnings.filterwarnings("ignore", "__array__ implementation", DeprecationWarning)
+        return keras.ops.convert_to_numpy(variable.value)
 
 
 def fit_in_progress(model: Any, thread_id: int | None) -> bool:
@@ -346,7 +349,7 @@ def samples_counted_by_keras(model: Any) -> int | None:
     count = getattr(getattr(model, "_loss_tracker", None), "count", None)
     if count is None:
         return None
-    return int(round(float(keras.ops.convert_to_numpy(count.value))))
+    return int(round(float(count.value)))  # (not convert_to_numpy: NumPy 2 warns at np.array of a TF variable)
 
 
 def layers_that_added_losses(model: Any) -> list:
