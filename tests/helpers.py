@@ -75,3 +75,17 @@ class StepRecorder(keras.callbacks.Callback):
             row["size"] = int(round(total - self._last_total))
             self._last_total = total
         self.rows.append(row)
+
+
+class Kill(keras.callbacks.Callback):
+    """Raises the ``at``-th time ``hook`` is called (counted from 0)."""
+
+    def __init__(self, hook: str, at: int):
+        super().__init__()
+        self.at, self.calls = at, 0
+        setattr(self, hook, self._count)
+
+    def _count(self, *args, **kwargs):
+        if self.calls == self.at:
+            raise RuntimeError("killed")
+        self.calls += 1

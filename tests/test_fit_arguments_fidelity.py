@@ -13,7 +13,7 @@ import functools
 import keras
 import numpy as np
 import pytest
-from helpers import assert_same_weights
+from helpers import Kill, assert_same_weights
 
 import kfit
 
@@ -102,20 +102,6 @@ CASES = {  # name: (model, model.fit's arguments); every case validates at the e
     "initial_epoch, steps_per_epoch": (mlp, dict(
         epochs=5, initial_epoch=1, batch_size=4, steps_per_epoch=5, validation_data=(X_VAL, Y_VAL))),
 }
-
-
-class Kill(keras.callbacks.Callback):
-    """Raises the ``at``-th time ``hook`` is called (counted from 0)."""
-
-    def __init__(self, hook, at):
-        super().__init__()
-        self.at, self.calls = at, 0
-        setattr(self, hook, self._count)
-
-    def _count(self, *args, **kwargs):
-        if self.calls == self.at:
-            raise RuntimeError("killed")
-        self.calls += 1
 
 
 def train(case, loop, path=None, kill=None):

@@ -18,7 +18,7 @@ import io
 import keras
 import numpy as np
 import pytest
-from helpers import assert_same_weights, mlp, regression_data
+from helpers import Kill, assert_same_weights, mlp, regression_data
 
 import kfit
 
@@ -26,20 +26,6 @@ x, y = regression_data(40)  # minibatches of 8: 5 an epoch
 VALIDATION = regression_data(16, seed=3)
 LABELS = np.random.default_rng(0).integers(0, 3, size=40)
 WEIGHTS = np.random.default_rng(1).uniform(0.2, 2.0, size=40).astype("float32")
-
-
-class Kill(keras.callbacks.Callback):
-    """Raises the ``at``-th time ``hook`` is called (counted from 0)."""
-
-    def __init__(self, hook, at):
-        super().__init__()
-        self.at, self.calls = at, 0
-        setattr(self, hook, self._count)
-
-    def _count(self, *args, **kwargs):
-        if self.calls == self.at:
-            raise RuntimeError("killed")
-        self.calls += 1
 
 
 class Calls(keras.callbacks.Callback):
