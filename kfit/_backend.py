@@ -191,9 +191,16 @@ def read_variable(model: Any, variable: Any) -> np.ndarray:
             where = _position(model, variable)
             if where is not None:
                 return np.asarray(model._jax_state[_GROUPS[where[0]]][where[1]])
-    with warnings.catch_warnings():  # NumPy 2 warns at np.array of a TF or torch variable (no copy= in its __array__)
+    return to_numpy(variable.value)
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """``keras.ops.convert_to_numpy(value)`` without NumPy 2's ``DeprecationWarning`` for an ``__array__`` that takes
+    no ``copy=`` (TensorFlow's and PyTorch's tensors, Keras's variables), which ``model.fit`` does not give where kfit
+    reads a value (NumPy 2.x, TensorFlow 2.21, torch 2.13, Keras 3.10-3.15)."""
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "__array__ implementation", DeprecationWarning)
-        return keras.ops.convert_to_numpy(variable.value)
+        return keras.ops.convert_to_numpy(value)
 
 
 def fit_in_progress(model: Any, thread_id: int | None) -> bool:

@@ -102,3 +102,25 @@ def test_kfit_callbacks_change_nothing_model_fit_did(case, tmp_path, capsys):
     want = [line.split(",") for line in expected["csv"].splitlines()]
     kept = [rows[0].index(name) for name in want[0]]
     assert [[r[i] for i in kept] for r in rows] == want
+
+
+def test_cross_validation_under_model_fit_gives_the_warnings_keras_validation_gives():
+    """kfit's CrossValidation saves the training metrics' state around its evaluation: its reads of Keras variables
+    gave NumPy 2's DeprecationWarning (``__array__`` without ``copy=``) on TensorFlow and JAX, which validation by
+    model.fit does not."""
+
+    def warnings_of(callbacks, **validation):
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse", metrics=["mae"])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            history = model.fit(X, Y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=callbacks,
+                                **validation)
+        return sorted({f"{w.category.__name__}: {w.message}" for w in caught}), history.history["val_loss"]
+
+    expected, expected_loss = warnings_of([], validation_data=(X_VAL, Y_VAL))
+    got, loss = warnings_of([kfit.callbacks.SampleClock(batch_size=8, num_samples=N),
+                             kfit.callbacks.CrossValidation((X_VAL, Y_VAL), frequency="1ep")])
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-6)
+    assert got == expected

@@ -13,7 +13,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import keras
 import numpy as np
 
 from kfit import _backend, _checks, _run
@@ -478,7 +477,7 @@ class Checkpoint(KfitCallback):
     def _keep_raw_weights(self) -> None:
         """Right before ``model.fit`` overwrites the trained weights with their moving averages (``use_ema=True``):
         a final checkpoint must hold the trained weights, from which a continued run goes on exactly."""
-        self._raw_weights = [(v, keras.ops.convert_to_numpy(v.value)) for v in self._model.trainable_weights]
+        self._raw_weights = [(v, _backend.to_numpy(v.value)) for v in self._model.trainable_weights]
 
     def on_train_end(self, logs: dict | None = None) -> None:
         try:
@@ -504,7 +503,7 @@ class Checkpoint(KfitCallback):
         if raw is None:
             self._save()
             return
-        averages = [keras.ops.convert_to_numpy(v.value) for v, _ in raw]
+        averages = [_backend.to_numpy(v.value) for v, _ in raw]
         for variable, value in raw:
             variable.assign(value)
         try:

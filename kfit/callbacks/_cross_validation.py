@@ -417,7 +417,7 @@ def evaluate(model: Any, batches: Any) -> dict[str, Any]:
 
 def _keeping_training_state(model: Any, run: Callable[[], dict], combine: bool = False) -> dict[str, Any]:
     # (A model's compiled metrics may be built by this very evaluation: only those that existed are put back.)
-    saved = [(v, np.array(keras.ops.convert_to_numpy(v))) for v in model.metrics_variables]
+    saved = [(v, np.array(_backend.to_numpy(v))) for v in model.metrics_variables]
     training = getattr(model, "training", None)  # torch modules: evaluate() switches to eval mode
     try:
         results = run()

@@ -288,10 +288,9 @@ def load_checkpoint(
     _state.apply_restore(parts, restore, meta, arrays, random_state=random_state)
     if into_run:
         if run.kfit_fit:  # Keras resets the metrics as the next epoch begins: a file's state inside its epoch is put
-            import keras  # back then (by kfit.fit's loop), as a resume of the file puts it back
-
+            # back then (by kfit.fit's loop), as a resume of the file puts it back
             held = model.metrics_variables if run.clock.samples_in_epoch else []
-            run.restored_values = [(v, keras.ops.convert_to_numpy(v.value)) for v in held]
+            run.restored_values = [(v, _backend.to_numpy(v.value)) for v in held]
         for callback in run.members():  # (a ProgressPrinter ends the epoch in progress with the samples it trained)
             restored = getattr(callback, "_clock_restored", None)
             if restored is not None:

@@ -464,7 +464,7 @@ class _RunControl(keras.callbacks.Callback):
             # again (Keras's LearningRateScheduler would step the restored rate a second time). The restored
             # metric state and the optimizer's scalars (its rate, kfit's hyperparameters) are put back then.
             scalars = [v for v in getattr(model.optimizer, "variables", []) if len(v.shape) == 0]
-            fit.run.restored_values = [(v, keras.ops.convert_to_numpy(v.value))
+            fit.run.restored_values = [(v, _backend.to_numpy(v.value))
                                        for v in [*model.metrics_variables, *scalars]]
             self.unquiet = _backend.quiet_rate_schedulers(fit.callbacks)  # (it would print the rate put back)
 
