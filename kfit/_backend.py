@@ -356,7 +356,7 @@ def samples_counted_by_keras(model: Any) -> int | None:
     count = getattr(getattr(model, "_loss_tracker", None), "count", None)
     if count is None:
         return None
-    return int(round(float(count.value)))  # (not convert_to_numpy: NumPy 2 warns at np.array of a TF variable)
+    return int(round(float(to_numpy(count.value))))
 
 
 def layers_that_added_losses(model: Any) -> list:
